@@ -1,0 +1,137 @@
+"""What a loaded model offers the rest of the server.
+
+An *engine factory* opens one loaded model (an :class:`Engine`) for a :class:`LoadSpec`.
+``factory.open(spec)`` is an async context manager: entering it returns once the model
+is loaded and healthy (or raises :class:`~ollamatrio.errors.RunnerStartError`), leaving it
+unloads the model and frees everything.  If the model dies while the context is open
+(the runner process crashed), the body of the ``async with`` is cancelled and
+:class:`~ollamatrio.errors.RunnerCrashedError` comes out of it, so the scheduler's runner
+task learns about crashes structurally, with no polling.
+
+Two implementations exist: :mod:`ollamatrio.engines.process` (a runner subprocess hosting
+llama.cpp) and :mod:`ollamatrio.engines.simulated` (for tests, demos and benchmarks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """Everything needed to load one model; the scheduler decides every field."""
+
+    model_path: str
+    name: str  # alias the runner reports as its model name
+    num_ctx: int = 2048  # per slot; the runner allocates num_ctx * num_parallel
+    num_parallel: int = 1
+    num_batch: int = 512
+    num_thread: int = 0  # 0: let the engine decide
+    num_gpu: int = 0  # layers offloaded to GPUs; 0 = CPU only, -1 = all
+    main_gpu: int | None = None
+    tensor_split: tuple[float, ...] = ()  # proportions per entry of gpu_ids
+    gpu_ids: tuple[str, ...] = ()  # devices this load may use (GpuInfo.id)
+    kv_cache_type: str = "f16"  # f16 | q8_0 | q4_0
+    flash_attention: bool | None = None  # None: engine decides (auto)
+    use_mmap: bool = True
+    embedding: bool = False
+    pooling: str | None = None  # mean | cls | last | none; None: from the model
+    adapters: tuple[str, ...] = ()  # LoRA files
+    projector: str | None = None  # multimodal projector file
+    chat_template: str | None = None  # override of the model's own template
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """Memory a loaded model really uses (measured) or is predicted to use."""
+
+    total: int  # bytes, host + devices
+    vram_by_gpu: Mapping[str, int] = field(default_factory=dict)  # GpuInfo.id -> bytes
+
+    @property
+    def vram(self) -> int:
+        return sum(self.vram_by_gpu.values())
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """One generation request in Ollama's terms; engines translate it for llama.cpp.
+
+    Exactly one of ``prompt`` (sent as is, already templated or raw) and ``messages``
+    (rendered with the model's chat template by llama.cpp) is set.
+    """
+
+    prompt: str | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
+    suffix: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)  # Ollama sampling options
+    format: str | Mapping[str, Any] | None = None  # "json" or a JSON schema
+    tools: Sequence[Mapping[str, Any]] | None = None
+    think: bool | str | None = None
+    images: Sequence[str] = ()  # base64
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed piece of a generation; the last one has ``done=True`` and the counts."""
+
+    content: str = ""
+    thinking: str = ""
+    tool_calls: Sequence[Mapping[str, Any]] = ()
+    done: bool = False
+    done_reason: str | None = None  # "stop" | "length"
+    prompt_eval_count: int = 0
+    prompt_eval_duration: int = 0  # ns
+    eval_count: int = 0
+    eval_duration: int = 0  # ns
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: list[list[float]]  # L2-normalised
+    prompt_eval_count: int = 0
+
+
+class Engine(Protocol):
+    """A loaded model.  Valid only inside its factory's ``open`` context."""
+
+    @property
+    def spec(self) -> LoadSpec: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def context_length(self) -> int:
+        """Per-slot context the engine really allocated."""
+        ...
+
+    @property
+    def memory(self) -> MemoryUsage:
+        """Measured memory after load."""
+        ...
+
+    def complete(
+        self, request: CompletionRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]:
+        """Stream a generation.  Leaving the context early stops it and frees the slot."""
+        ...
+
+    async def embed(
+        self, inputs: Sequence[str], *, truncate: bool = True, dimensions: int | None = None
+    ) -> Embeddings: ...
+
+    async def tokenize(self, text: str) -> list[int]: ...
+
+    async def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    async def healthy(self) -> bool: ...
+
+
+class EngineFactory(Protocol):
+    def open(self, spec: LoadSpec) -> AbstractAsyncContextManager[Engine]: ...

@@ -1,0 +1,64 @@
+"""One exception tree for the whole server.
+
+Every error a user can see derives from :class:`OllamatrioError`; the HTTP layer maps
+the families to status codes in one place.  ``trio.Cancelled`` is never caught or wrapped.
+"""
+
+from __future__ import annotations
+
+
+class OllamatrioError(Exception):
+    """Root of every error raised on purpose by ollamatrio."""
+
+
+class InvalidRequestError(OllamatrioError):
+    """The request itself is wrong (bad option type, bad name, bad duration): HTTP 400."""
+
+
+class ModelNotFoundError(OllamatrioError):
+    """No such model in the store, or its file is gone: HTTP 404."""
+
+
+class CapabilityError(InvalidRequestError):
+    """The model lacks what the request needs (e.g. embeddings from a chat-only model): 400."""
+
+
+class QueueFullError(OllamatrioError):
+    """Too many requests are waiting: HTTP 503 with Ollama's exact text."""
+
+    MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
+
+    def __init__(self, message: str = MESSAGE) -> None:
+        super().__init__(message)
+
+
+class GGUFError(OllamatrioError):
+    """A file is not a GGUF model, is truncated, or has an implausible header."""
+
+
+class RunnerError(OllamatrioError):
+    """Something went wrong with a runner subprocess."""
+
+
+class RunnerStartError(RunnerError):
+    """The runner failed to load its model (llama.cpp's own error text when known)."""
+
+
+class OutOfMemoryError(RunnerStartError):
+    """Loading or running a model ran out of device or host memory."""
+
+
+class RunnerCrashedError(RunnerError):
+    """The runner process exited while it was serving (e.g. abort() -> SIGABRT)."""
+
+    def __init__(self, message: str, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+
+class SchedulerClosedError(OllamatrioError):
+    """The scheduler is shutting down and takes no new work."""
+
+
+class InsufficientMemoryError(OllamatrioError):
+    """The model cannot fit in the memory this machine has, even with nothing else loaded."""
