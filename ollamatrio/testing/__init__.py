@@ -1,0 +1,25 @@
+"""Test support: generated GGUF models of any shape, size or defect."""
+
+from __future__ import annotations
+
+from ollamatrio.testing.tiny_gguf import (
+    CHATML,
+    CORRUPTIONS,
+    Corruption,
+    Dtype,
+    MetadataValue,
+    Pooling,
+    write_tiny_gguf,
+)
+from ollamatrio.testing.vocab import TokenizerKind
+
+__all__ = [
+    "CHATML",
+    "CORRUPTIONS",
+    "Corruption",
+    "Dtype",
+    "MetadataValue",
+    "Pooling",
+    "TokenizerKind",
+    "write_tiny_gguf",
+]
