@@ -1,0 +1,58 @@
+"""The Ollama-compatible model store: names, manifests, blobs, create/copy/delete/prune."""
+
+from .manifest import (
+    CONFIG_MEDIA_TYPE,
+    MANIFEST_MEDIA_TYPE,
+    MEDIA_ADAPTER,
+    MEDIA_LICENSE,
+    MEDIA_MESSAGES,
+    MEDIA_MODEL,
+    MEDIA_PARAMS,
+    MEDIA_PROJECTOR,
+    MEDIA_SYSTEM,
+    MEDIA_TEMPLATE,
+    Layer,
+    Manifest,
+    StoreError,
+    blob_filename,
+    parse_digest,
+)
+from .names import (
+    DEFAULT_HOST,
+    DEFAULT_NAMESPACE,
+    DEFAULT_TAG,
+    InvalidModelNameError,
+    ModelName,
+    parse_name,
+)
+from .store import BlobWriter, Model, ModelDetails, ModelStore, PinSet, PruneResult
+
+__all__ = [
+    "CONFIG_MEDIA_TYPE",
+    "DEFAULT_HOST",
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_TAG",
+    "MANIFEST_MEDIA_TYPE",
+    "MEDIA_ADAPTER",
+    "MEDIA_LICENSE",
+    "MEDIA_MESSAGES",
+    "MEDIA_MODEL",
+    "MEDIA_PARAMS",
+    "MEDIA_PROJECTOR",
+    "MEDIA_SYSTEM",
+    "MEDIA_TEMPLATE",
+    "BlobWriter",
+    "InvalidModelNameError",
+    "Layer",
+    "Manifest",
+    "Model",
+    "ModelDetails",
+    "ModelName",
+    "ModelStore",
+    "PinSet",
+    "PruneResult",
+    "StoreError",
+    "blob_filename",
+    "parse_digest",
+    "parse_name",
+]

@@ -1,0 +1,346 @@
+"""``/api/create`` at store level: a new manifest from an existing model or GGUF blobs.
+
+The order of layers, the statuses and the config blob follow Ollama's ``server/create.go``:
+base layers (from the parent model, or one per GGUF file), then adapters, then the
+template, system prompt, licenses, parameters and messages given in the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import GGUFError, InvalidRequestError, ModelNotFoundError
+from ..gguf import GGUFInfo, read_gguf
+from .manifest import (
+    CONFIG_MEDIA_TYPE,
+    MEDIA_ADAPTER,
+    MEDIA_LICENSE,
+    MEDIA_MESSAGES,
+    MEDIA_MODEL,
+    MEDIA_PARAMS,
+    MEDIA_PROJECTOR,
+    MEDIA_PROMPT,
+    MEDIA_SYSTEM,
+    MEDIA_TEMPLATE,
+    Layer,
+    Manifest,
+    StoreError,
+    config_json,
+    go_json,
+    parse_digest,
+)
+from .names import ModelName, parse_name
+
+if TYPE_CHECKING:
+    from .store import ModelStore, PinSet
+
+NEITHER_FROM_NOR_FILES = "neither 'from' or 'files' was specified"
+NOT_GGUF = "supplied file was not in GGUF format"
+_WEIGHTS = (MEDIA_MODEL, MEDIA_PROJECTOR, MEDIA_ADAPTER)
+
+
+def human_number(n: int) -> str:
+    """Ollama's ``format.HumanNumber``: 134515008 -> "134.52M", 8030261248 -> "8.0B"."""
+    for scale, suffix, decimals in ((1_000_000_000, "B", 1), (1_000_000, "M", 2)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.0f}{suffix}" if value.is_integer() else f"{value:.{decimals}f}{suffix}"
+    if n >= 1000:
+        return f"{n / 1000:.0f}K"
+    return str(n)
+
+
+def _file_kind(files: Mapping[str, str]) -> str:
+    # Ollama decides by file name: any .safetensors, else .gguf / .bin.
+    names = list(files)
+    if any(n.endswith(".safetensors") for n in names):
+        return "safetensors"
+    if any(n.endswith((".gguf", ".bin")) for n in names):
+        return "gguf"
+    return ""
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    """A validated create request; every check that needs no GGUF parsing is done here."""
+
+    name: ModelName
+    from_model: ModelName | None
+    files: tuple[str, ...]  # canonical digests
+    adapters: tuple[str, ...]
+    template: str | None
+    system: str | None
+    parameters: Mapping[str, Any]
+    licenses: tuple[str, ...]
+    messages: tuple[Mapping[str, Any], ...]
+    config_extra: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def validate(
+        cls,
+        store: ModelStore,
+        *,
+        name: str | ModelName,
+        from_model: str | None,
+        files: Mapping[str, str] | None,
+        adapters: Mapping[str, str] | None,
+        template: str | None,
+        system: str | None,
+        parameters: Mapping[str, Any] | None,
+        license: str | Sequence[str] | None,
+        messages: Sequence[Mapping[str, Any]] | None,
+        quantize: str | None,
+        renderer: str | None,
+        parser: str | None,
+        requires: str | None,
+    ) -> CreateRequest:
+        target = parse_name(name)
+        if quantize:
+            raise InvalidRequestError(
+                f"quantization is not supported (quantize={quantize!r}): "
+                "create the model from a GGUF file that is already quantized"
+            )
+        source = parse_name(from_model) if from_model else None
+        file_digests: tuple[str, ...] = ()
+        if source is not None:
+            if not store.exists(source):
+                raise ModelNotFoundError(f'model "{from_model}" not found, try pulling it first')
+        elif files is not None:
+            file_digests = _gguf_digests(store, files, adapter=False)
+        else:
+            raise InvalidRequestError(NEITHER_FROM_NOR_FILES)
+        adapter_digests = _gguf_digests(store, adapters, adapter=True) if adapters else ()
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise InvalidRequestError("parameters must be an object")
+        extra = {
+            key: value
+            for key, value in (("renderer", renderer), ("parser", parser), ("requires", requires))
+            if value
+        }
+        return cls(
+            name=target,
+            from_model=source,
+            files=file_digests,
+            adapters=adapter_digests,
+            template=template or None,
+            system=system or None,
+            parameters=dict(parameters or {}),
+            licenses=_licenses(license),
+            messages=_messages(messages),
+            config_extra=extra,
+        )
+
+
+def _gguf_digests(store: ModelStore, files: Mapping[str, str], *, adapter: bool) -> tuple[str, ...]:
+    if not isinstance(files, Mapping):
+        raise InvalidRequestError("files must be an object of file name to digest")
+    kind = _file_kind(files)
+    if kind == "safetensors":
+        raise InvalidRequestError(
+            "converting safetensors is not supported: create the model from a GGUF file"
+        )
+    if kind != "gguf":
+        raise InvalidRequestError("unknown type")
+    if adapter and len(files) > 1:
+        raise InvalidRequestError("only one adapter is currently supported")
+    digests = []
+    for digest in files.values():
+        canonical = parse_digest(digest)
+        if not store.has_blob(canonical):
+            raise InvalidRequestError(
+                f"blob {canonical} not found: upload it with POST /api/blobs/{canonical} first"
+            )
+        digests.append(canonical)
+    return tuple(digests)
+
+
+def _licenses(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise InvalidRequestError("license must be a string or a list of strings")
+
+
+def _messages(value: Sequence[Mapping[str, Any]] | None) -> tuple[Mapping[str, Any], ...]:
+    if not value:
+        return ()
+    out = []
+    for message in value:
+        if not (
+            isinstance(message, Mapping)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content", ""), str)
+        ):
+            raise InvalidRequestError("messages must be objects with a role and a content")
+        # Ollama's api.Message field order: role, content, then the optional fields.
+        rest = {k: v for k, v in message.items() if k not in ("role", "content")}
+        out.append({"role": message["role"], "content": message.get("content", ""), **rest})
+    return tuple(out)
+
+
+@dataclass
+class _Step:
+    layer: Layer
+    status: str
+    info: GGUFInfo | None = None
+
+
+def run_create(store: ModelStore, request: CreateRequest) -> Iterator[dict[str, Any]]:
+    """Build and write the manifest, yielding Ollama's progress statuses."""
+    with store.pinned() as pins:
+        target = request.name
+        old = _existing_manifest(store, target)
+        config_extra: dict[str, Any] = {}
+        steps: list[_Step] = []
+        if request.from_model is not None:
+            steps, config_extra = _from_model(store, request.from_model, pins)
+        else:
+            for digest in request.files:
+                yield {"status": "parsing GGUF"}
+                steps.append(_gguf_step(store, digest, pins, adapter=False))
+        for digest in request.adapters:
+            yield {"status": "parsing GGUF"}
+            steps.append(_gguf_step(store, digest, pins, adapter=True))
+        config_extra.update(request.config_extra)
+
+        config = _config_from(steps, config_extra)
+        if request.template:
+            steps = _replace(steps, (MEDIA_TEMPLATE, MEDIA_PROMPT))
+            steps.append(_text_step(store, MEDIA_TEMPLATE, request.template.encode(), pins))
+        if request.system:
+            steps = _replace(steps, (MEDIA_SYSTEM,))
+            steps.append(_text_step(store, MEDIA_SYSTEM, request.system.encode(), pins))
+        for text in request.licenses:
+            steps.append(_text_step(store, MEDIA_LICENSE, text.encode(), pins))
+        steps = _with_parameters(store, steps, request.parameters, pins)
+        if request.messages:
+            steps = _replace(steps, (MEDIA_MESSAGES,))
+            data = go_json(list(request.messages))
+            steps.append(_text_step(store, MEDIA_MESSAGES, data, pins))
+
+        layers = [step.layer for step in steps]
+        config_data = config(layers)
+        config_digest, _ = store.write_bytes_blob(config_data, pins)
+        config_layer = Layer(CONFIG_MEDIA_TYPE, config_digest, len(config_data))
+
+        for step in steps:
+            yield {"status": step.status}
+        yield {"status": "writing manifest"}
+        store.write_manifest(target, Manifest(config=config_layer, layers=tuple(layers)))
+        if old is not None and not store.noprune:
+            store._remove_unreferenced(old.digests())
+        yield {"status": "success"}
+
+
+def _existing_manifest(store: ModelStore, name: ModelName) -> Manifest | None:
+    """The manifest ``name`` has now, whose unshared blobs go once it is replaced."""
+    try:
+        return store.read_manifest(name) if store.exists(name) else None
+    except (StoreError, OSError):
+        return None  # unreadable: leave its blobs to a later prune
+
+
+def _from_model(
+    store: ModelStore, source: ModelName, pins: PinSet
+) -> tuple[list[_Step], dict[str, Any]]:
+    model = store.resolve(source)
+    steps = []
+    for layer in model.manifest.layers:
+        if not store.pin_if_present(layer.digest, pins):
+            raise ModelNotFoundError(
+                f'model "{source.display_shortest}" is incomplete, try pulling it again'
+            )
+        path = store.blob_path(layer.digest)
+        size = path.stat().st_size
+        info = _read(path) if layer.media_type in _WEIGHTS else None
+        new = Layer(layer.media_type, layer.digest, size, model.name.display_shortest, layer.name)
+        steps.append(_Step(new, f"using existing layer {layer.digest}", info))
+    extra = {k: model.config[k] for k in ("renderer", "parser", "requires") if model.config.get(k)}
+    return steps, extra
+
+
+def _read(path: Any) -> GGUFInfo:
+    try:
+        return read_gguf(path)
+    except GGUFError:
+        raise InvalidRequestError(NOT_GGUF) from None
+
+
+def _gguf_step(store: ModelStore, digest: str, pins: PinSet, *, adapter: bool) -> _Step:
+    if not store.pin_if_present(digest, pins):
+        raise InvalidRequestError(f"blob {digest} not found")
+    path = store.blob_path(digest)
+    info = _read(path)
+    kind = info.metadata.get("general.type")
+    if adapter or kind == "adapter":
+        media = MEDIA_ADAPTER
+    elif kind in ("projector", "mmproj") or f"{info.architecture}.vision.block_count" in (
+        info.metadata
+    ):
+        media = MEDIA_PROJECTOR
+    else:
+        media = MEDIA_MODEL
+    layer = Layer(media, digest, path.stat().st_size)
+    return _Step(layer, f"using existing layer {digest}", info)
+
+
+def _text_step(store: ModelStore, media: str, data: bytes, pins: PinSet) -> _Step:
+    digest, created = store.write_bytes_blob(data, pins)
+    status = "creating new layer" if created else "using existing layer"
+    return _Step(Layer(media, digest, len(data)), f"{status} {digest}")
+
+
+def _replace(steps: list[_Step], media_types: tuple[str, ...]) -> list[_Step]:
+    return [step for step in steps if step.layer.media_type not in media_types]
+
+
+def _with_parameters(
+    store: ModelStore, steps: list[_Step], parameters: Mapping[str, Any], pins: PinSet
+) -> list[_Step]:
+    # New values win; the parent's other parameters are kept (Ollama's setParameters).
+    merged = dict(parameters)
+    for step in steps:
+        if step.layer.media_type == MEDIA_PARAMS:
+            existing = store.read_blob_json(step.layer.digest)
+            if isinstance(existing, Mapping):
+                for key, value in existing.items():
+                    merged.setdefault(key, value)
+    if not merged:
+        return steps
+    steps = _replace(steps, (MEDIA_PARAMS,))
+    steps.append(_text_step(store, MEDIA_PARAMS, go_json(merged, sort_keys=True), pins))
+    return steps
+
+
+def _config_from(
+    steps: list[_Step], extra: Mapping[str, Any]
+) -> Callable[[Sequence[Layer]], bytes]:
+    """A function of the final layers that returns the config blob's bytes."""
+    model_format = family = model_type = file_type = ""
+    families: list[str] = []
+    for step in steps:
+        if step.info is None:
+            continue
+        model_format = model_format or "gguf"
+        family = family or step.info.architecture
+        model_type = model_type or human_number(step.info.parameter_count)
+        file_type = file_type or (step.info.file_type_name or "unknown")
+        families.append(step.info.architecture)
+
+    def build(layers: Sequence[Layer]) -> bytes:
+        return config_json(
+            model_format=model_format,
+            model_family=family,
+            model_families=families or None,
+            model_type=model_type,
+            file_type=file_type,
+            diff_ids=[layer.digest for layer in layers],
+            extra=extra,
+        )
+
+    return build
