@@ -1,0 +1,253 @@
+"""A simulated engine: models that load, stream, fail and take memory without llama.cpp.
+
+It lets the scheduler be tested, demonstrated and benchmarked at scale without GPUs or
+real weights.  Memory use comes from the same prediction the scheduler makes, placed on
+:class:`~ollamatrio.devices.SimulatedDevices` when those are in use, so ``/api/ps`` and
+eviction behave as they would with real runners.  Time is Trio time, so tests on the
+``autojump_clock`` run minutes of simulated loading and decoding in milliseconds.
+
+Behaviour is set per model (matched by name or file path) with
+:class:`SimulatedBehaviour`; from the environment, ``OLLAMATRIO_SIMULATED_ENGINE`` may
+hold a JSON object ``{"default": {...}, "models": {"name": {...}}}`` with the same fields.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
+from typing import Any
+
+import trio
+
+from ..devices import SimulatedDevices
+from ..errors import OutOfMemoryError, RunnerCrashedError, RunnerStartError
+from ..gguf import GGUFInfo
+from ..memory import MemoryOptions, estimate, plan_layout
+from ..model_info import read_model_info
+from .protocol import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage
+
+_WORDS = (
+    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog",
+    "while", "the", "scheduler", "keeps", "every", "model", "warm",
+)
+
+
+@dataclass(frozen=True)
+class SimulatedBehaviour:
+    load_seconds: float = 0.5
+    tokens_per_second: float = 100.0
+    prompt_tokens_per_second: float = 2000.0
+    default_num_predict: int = 16  # tokens when the request sets no limit; then "stop"
+    fail_load: str | None = None  # "error" | "oom"
+    crash_after_tokens: int | None = None  # the runner "dies" mid-stream
+    oom_at_runtime: bool = False  # generation fails with an out-of-memory error
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> SimulatedBehaviour:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown simulated engine settings: {sorted(unknown)}")
+        return cls(**data)
+
+
+def behaviours_from_json(text: str) -> tuple[SimulatedBehaviour, dict[str, SimulatedBehaviour]]:
+    if not text.strip():
+        return SimulatedBehaviour(), {}
+    try:
+        data = json.loads(text)
+        default = SimulatedBehaviour.from_mapping(data.get("default", {}))
+        models = {k: SimulatedBehaviour.from_mapping(v) for k, v in data.get("models", {}).items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"OLLAMATRIO_SIMULATED_ENGINE is not valid: {exc}") from exc
+    return default, models
+
+
+class SimulatedEngine:
+    """One simulated loaded model."""
+
+    _pids = itertools.count(1_000_000)
+
+    def __init__(
+        self, spec: LoadSpec, info: GGUFInfo, memory: MemoryUsage, behaviour: SimulatedBehaviour
+    ) -> None:
+        self._spec = spec
+        self._info = info
+        self._memory = memory
+        self._behaviour = behaviour
+        self._pid = next(self._pids)
+        self._crashed = trio.Event()
+        self.active_streams = 0
+        self.completed_streams = 0
+
+    @property
+    def spec(self) -> LoadSpec:
+        return self._spec
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    @property
+    def context_length(self) -> int:
+        return self._spec.num_ctx
+
+    @property
+    def memory(self) -> MemoryUsage:
+        return self._memory
+
+    def crash(self) -> None:
+        """Make the runner die now, as an abort() in llama.cpp would."""
+        self._crashed.set()
+
+    def _check_alive(self) -> None:
+        if self._crashed.is_set():
+            raise RunnerCrashedError("model runner has unexpectedly stopped (SIGABRT)", -6)
+
+    @asynccontextmanager
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
+        self._check_alive()
+        self.active_streams += 1
+        try:
+            yield self._stream(request)
+        finally:
+            self.active_streams -= 1
+
+    async def _stream(self, request: CompletionRequest) -> AsyncIterator[Chunk]:
+        b = self._behaviour
+        messages = request.messages or ()
+        prompt = request.prompt or " ".join(str(m.get("content", "")) for m in messages)
+        n_prompt = max(1, len(prompt.split()))
+        await trio.sleep(n_prompt / b.prompt_tokens_per_second)
+        limit = int(request.options.get("num_predict", -1) or -1)
+        n_tokens = b.default_num_predict if limit < 0 else min(limit, 10 * self._spec.num_ctx)
+        seed = int.from_bytes(hashlib.blake2b(prompt.encode(), digest_size=4).digest(), "little")
+        for i in range(n_tokens):
+            self._check_alive()
+            if b.crash_after_tokens is not None and i >= b.crash_after_tokens:
+                self.crash()
+                self._check_alive()
+            if b.oom_at_runtime:
+                raise OutOfMemoryError("CUDA error: out of memory")
+            await trio.sleep(1.0 / b.tokens_per_second)
+            yield Chunk(content=" " + _WORDS[(seed + i) % len(_WORDS)])
+        self.completed_streams += 1
+        yield Chunk(
+            done=True,
+            done_reason="length" if limit >= 0 and n_tokens == limit else "stop",
+            prompt_eval_count=n_prompt,
+            prompt_eval_duration=int(n_prompt / b.prompt_tokens_per_second * 1e9),
+            eval_count=n_tokens,
+            eval_duration=int(n_tokens / b.tokens_per_second * 1e9),
+        )
+
+    async def embed(
+        self, inputs: Sequence[str], *, truncate: bool = True, dimensions: int | None = None
+    ) -> Embeddings:
+        self._check_alive()
+        dim = dimensions or self._info.embedding_length or 8
+        vectors = []
+        for text in inputs:
+            digest = hashlib.blake2b(text.encode(), digest_size=64).digest()
+            raw = [digest[i % 64] - 127.5 for i in range(dim)]
+            norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+            vectors.append([x / norm for x in raw])
+        n = sum(max(1, len(t.split())) for t in inputs)
+        await trio.sleep(n / self._behaviour.prompt_tokens_per_second)
+        return Embeddings(vectors=vectors, prompt_eval_count=n)
+
+    async def tokenize(self, text: str) -> list[int]:
+        self._check_alive()
+        return [_WORDS.index(w) if w in _WORDS else len(_WORDS) for w in text.split()]
+
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        self._check_alive()
+        return " ".join(_WORDS[t] if 0 <= t < len(_WORDS) else "?" for t in tokens)
+
+    async def healthy(self) -> bool:
+        return not self._crashed.is_set()
+
+
+class SimulatedEngineFactory:
+    """Opens :class:`SimulatedEngine` instances; see the module docstring."""
+
+    def __init__(
+        self,
+        devices: SimulatedDevices | None = None,
+        *,
+        default: SimulatedBehaviour | None = None,
+        models: Mapping[str, SimulatedBehaviour] | None = None,
+    ) -> None:
+        self._devices = devices
+        self.default = default or SimulatedBehaviour()
+        self.models = dict(models or {})
+        self.engines: dict[str, SimulatedEngine] = {}  # live ones, by model name
+        self.loads = 0
+        self._owners = itertools.count()
+
+    def behaviour_for(self, spec: LoadSpec) -> SimulatedBehaviour:
+        return self.models.get(spec.name) or self.models.get(spec.model_path) or self.default
+
+    async def _memory(self, spec: LoadSpec, info: GGUFInfo) -> MemoryUsage:
+        est = estimate(
+            info,
+            MemoryOptions(
+                num_ctx=spec.num_ctx,
+                num_parallel=spec.num_parallel,
+                num_batch=spec.num_batch,
+                kv_cache_type=spec.kv_cache_type,
+                flash_attention=bool(spec.flash_attention),
+            ),
+        )
+        if not spec.gpu_ids or spec.num_gpu == 0 or self._devices is None:
+            return MemoryUsage(total=est.total)
+        inventory = await self._devices.inventory()
+        free = {g.id: g.free for g in inventory.gpus}
+        layout = plan_layout(
+            est, [(g, free.get(g, 0)) for g in spec.gpu_ids], num_gpu=spec.num_gpu
+        )
+        vram = {k: v for k, v in layout.vram_by_gpu.items() if v > 0}
+        return MemoryUsage(total=layout.host_bytes + sum(vram.values()), vram_by_gpu=vram)
+
+    @asynccontextmanager
+    async def open(self, spec: LoadSpec) -> AsyncIterator[SimulatedEngine]:
+        behaviour = self.behaviour_for(spec)
+        info = await read_model_info(spec.model_path)
+        self.loads += 1
+        await trio.sleep(behaviour.load_seconds)
+        if behaviour.fail_load == "oom":
+            raise OutOfMemoryError(f"{spec.name}: cudaMalloc failed: out of memory")
+        if behaviour.fail_load:
+            raise RunnerStartError(f"{spec.name}: llama_model_load: error loading model")
+        memory = await self._memory(spec, info)
+        owner = f"{spec.name}#{next(self._owners)}"
+        engine = SimulatedEngine(spec, info, memory, behaviour)
+        try:
+            if self._devices is not None:
+                for gpu_id, nbytes in memory.vram_by_gpu.items():
+                    self._devices.allocate(owner, gpu_id, nbytes)
+                self._devices.allocate_host(owner, memory.total - memory.vram)
+            self.engines[spec.name] = engine
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_watch_for_crash, engine, nursery.cancel_scope)
+                try:
+                    yield engine
+                finally:
+                    nursery.cancel_scope.cancel()
+            if engine._crashed.is_set():
+                raise RunnerCrashedError(f"runner for {spec.name} crashed (SIGABRT)", -6)
+        finally:
+            if self.engines.get(spec.name) is engine:
+                del self.engines[spec.name]
+            if self._devices is not None:
+                self._devices.release(owner)
+
+
+async def _watch_for_crash(engine: SimulatedEngine, scope: trio.CancelScope) -> None:
+    await engine._crashed.wait()
+    scope.cancel()  # the model is gone: cancel whatever the opener is doing with it

@@ -1,0 +1,136 @@
+"""Load-time options: what a request asks of a runner, and when a loaded runner won't do.
+
+Only load-time options matter here (Ollama B26: num_ctx, num_batch, num_gpu, main_gpu,
+use_mmap, num_thread); sampling options never cause a reload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidRequestError
+
+GiB = 1 << 30
+
+# Architectures whose llama.cpp implementation serves one sequence at a time (B13).
+SINGLE_SLOT_ARCHITECTURES = frozenset(
+    {
+        "mllama", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen3next", "lfm2",
+        "lfm2moe", "nemotron_h", "nemotron_h_moe", "nemotron_h_omni",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    num_ctx: int  # per slot, clamped to the training context
+    num_ctx_auto: bool
+    num_batch: int
+    num_batch_auto: bool
+    num_gpu: int  # layers to offload; -1 = as many as fit
+    main_gpu: int | None
+    use_mmap: bool | None  # None = decided at load (auto)
+    num_thread: int
+    num_parallel: int
+
+
+def _int_option(options: Mapping[str, Any], key: str) -> int | None:
+    value = options.get(key)
+    if value is None:
+        return None
+    # JSON numbers arrive as int or float; bool is an int subclass but never a valid count.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequestError(f"option {key} must be of type integer")
+    if isinstance(value, float) and not value.is_integer():
+        raise InvalidRequestError(f"option {key} must be of type integer")
+    return int(value)
+
+
+def _bool_option(options: Mapping[str, Any], key: str) -> bool | None:
+    value = options.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"option {key} must be of type boolean")
+    return value
+
+
+def default_context_length(configured: int, total_vram: int, gpu_overhead: int = 0) -> int:
+    """B15: OLLAMA_CONTEXT_LENGTH, else a tier chosen by the GPUs' total memory."""
+    if configured > 0:
+        return configured
+    usable = max(0, total_vram - gpu_overhead)
+    if usable >= 47 * GiB:
+        return 262144
+    if usable >= 23 * GiB:
+        return 32768
+    return 4096
+
+
+def resolve_load_options(
+    options: Mapping[str, Any],
+    *,
+    default_num_ctx: int,
+    context_length_configured: bool,
+    train_ctx: int,
+    num_parallel: int,
+    embedding_only: bool,
+    architecture: str = "",
+    has_projector: bool = False,
+) -> LoadOptions:
+    """Turn merged request options into what the runner is loaded with (B1, B13, B14, B16, B37)."""
+    requested_ctx = _int_option(options, "num_ctx")
+    num_ctx_auto = requested_ctx is None and not context_length_configured
+    num_ctx = requested_ctx if requested_ctx is not None and requested_ctx > 0 else default_num_ctx
+    num_ctx = max(num_ctx, 2048 if has_projector else 4)
+    if train_ctx > 0:
+        num_ctx = min(num_ctx, train_ctx)
+
+    slots = max(1, num_parallel)
+    if embedding_only or architecture in SINGLE_SLOT_ARCHITECTURES:
+        slots = 1
+
+    requested_batch = _int_option(options, "num_batch")
+    if requested_batch is not None and requested_batch > 0:
+        num_batch, batch_auto = requested_batch, False
+    elif embedding_only:
+        # An embedding input must fit in one batch (llama.cpp pools per ubatch).
+        num_batch, batch_auto = min(2048, num_ctx), False
+    else:
+        num_batch, batch_auto = 512, True
+    num_batch = min(num_batch, num_ctx * slots)
+
+    num_gpu = _int_option(options, "num_gpu")
+    num_thread = _int_option(options, "num_thread")
+    return LoadOptions(
+        num_ctx=num_ctx,
+        num_ctx_auto=num_ctx_auto,
+        num_batch=num_batch,
+        num_batch_auto=batch_auto,
+        num_gpu=-1 if num_gpu is None or num_gpu < 0 else num_gpu,
+        main_gpu=_int_option(options, "main_gpu"),
+        use_mmap=_bool_option(options, "use_mmap"),
+        num_thread=max(0, num_thread or 0),
+        num_parallel=slots,
+    )
+
+
+def needs_reload(loaded: LoadOptions, wanted: LoadOptions) -> bool:
+    """B26 with one deliberate improvement: a runner loaded with a *larger* explicit context
+    serves a request for a smaller one (the most common reload-thrash complaint, spec §6.1)."""
+    if wanted.num_gpu >= 0 and wanted.num_gpu != loaded.num_gpu:
+        return True
+    if not (loaded.num_ctx_auto and wanted.num_ctx_auto) and wanted.num_ctx > loaded.num_ctx:
+        return True
+    both_auto_batch = loaded.num_batch_auto and wanted.num_batch_auto
+    if not both_auto_batch and wanted.num_batch != loaded.num_batch:
+        return True
+    if wanted.main_gpu is not None and wanted.main_gpu != loaded.main_gpu:
+        return True
+    if wanted.use_mmap is not None and wanted.use_mmap != loaded.use_mmap:
+        return True
+    if wanted.num_thread and wanted.num_thread != loaded.num_thread:
+        return True
+    return wanted.num_parallel != loaded.num_parallel

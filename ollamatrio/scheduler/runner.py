@@ -1,0 +1,211 @@
+"""A resident model as the scheduler sees it: refcount, keep-alive, state.
+
+State changes happen in synchronous stretches (no locks: Trio switches tasks only at
+``await``).  Waiters watch a fresh :class:`trio.Event` swapped in on every change.
+The runner's lifetime is one task in the scheduler's nursery; this object is its state.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ..engines.protocol import Engine, LoadSpec, MemoryUsage
+from .options import LoadOptions
+from .placement import Placement
+
+
+class RunnerState(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    UNLOADING = "unloading"
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """A snapshot for /api/ps and metrics."""
+
+    key: str
+    name: str
+    model_path: str
+    digest: str
+    details: Mapping[str, Any]
+    state: str  # loading | ready | expiring | unloading
+    size: int
+    size_vram: int
+    vram_by_gpu: Mapping[str, int]
+    context_length: int
+    num_parallel: int
+    refs: int
+    queued: int
+    keep_alive: float
+    expires_at: float | None  # wall-clock seconds; None = never
+    pid: int | None
+
+
+class Runner:
+    def __init__(
+        self,
+        *,
+        key: str,
+        name: str,
+        digest: str,
+        details: Mapping[str, Any],
+        load: LoadOptions,
+        spec: LoadSpec,
+        placement: Placement,
+        keep_alive: float,
+        adapters: tuple[str, ...],
+        projector: str | None,
+    ) -> None:
+        self.key = key
+        self.name = name
+        self.digest = digest
+        self.details = details
+        self.load = load
+        self.spec = spec
+        self.placement = placement
+        self.adapters = adapters
+        self.projector = projector
+        self.keep_alive = keep_alive
+        self.state = RunnerState.LOADING
+        self.engine: Engine | None = None
+        self.error: BaseException | None = None
+        self.refs = 0
+        self.waiters = 0  # requests waiting for this load to finish
+        self.slot_waiters = 0
+        self.evicting = False
+        self.idle_deadline = math.inf
+        # Predicted until loaded, then what the runner measured.
+        self.memory = MemoryUsage(total=placement.total, vram_by_gpu=dict(placement.vram_by_gpu))
+        self.context_length = load.num_ctx
+        self.loaded = trio.Event()  # set once: ready or failed
+        self.scope = trio.CancelScope()  # the runner task's whole life
+        self.slots = trio.Semaphore(load.num_parallel)
+        self.load_started = trio.current_time()
+        self.loaded_at = -math.inf
+        self._changed = trio.Event()
+
+    # -- transitions (synchronous) -------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def pin(self, keep_alive: float | None) -> None:
+        """A request takes this runner.  Last keep_alive writer wins (B20)."""
+        self.refs += 1
+        if keep_alive is not None and not self.evicting:
+            self.keep_alive = keep_alive
+        self._notify()
+
+    def add_waiter(self) -> None:
+        self.waiters += 1
+        self._notify()
+
+    def remove_waiter(self) -> None:
+        self.waiters -= 1
+        self._notify()
+
+    def unpin(self) -> None:
+        self.refs -= 1
+        assert self.refs >= 0, "lease released twice"
+        if self.refs == 0:
+            self.idle_deadline = trio.current_time() + self.keep_alive
+        self._notify()
+
+    def mark_ready(self, engine: Engine) -> None:
+        self.engine = engine
+        self.memory = engine.memory
+        self.context_length = engine.context_length
+        self.state = RunnerState.READY
+        if self.refs == 0:
+            self.idle_deadline = trio.current_time() + self.keep_alive
+        self.loaded.set()
+        self._notify()
+
+    def mark_failed(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self.state = RunnerState.UNLOADING
+        self.loaded.set()
+        self._notify()
+
+    def evict(self) -> None:
+        """Unload as soon as idle; the runner stays usable until then (B30)."""
+        self.evicting = True
+        self.keep_alive = 0.0
+        self.idle_deadline = trio.current_time()
+        self._notify()
+
+    def abandon_load_if_unwanted(self) -> None:
+        """A client gave up while its model loaded: keep loading only if someone still waits."""
+        if self.state is RunnerState.LOADING and self.waiters == 0 and self.refs == 0:
+            self.scope.cancel()
+
+    # -- the runner task's idle loop ------------------------------------------------------
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            await self._changed.wait()
+
+    async def serve_until_expired(self) -> None:
+        """Return when the runner should unload: idle past its keep-alive, or evicted."""
+        # Requests that waited for the load count as users until they have pinned it.
+        while True:
+            await self.wait_until(lambda: self.refs == 0 and self.waiters == 0)
+            if self.evicting or self.keep_alive <= 0:
+                return
+            with trio.move_on_at(self.idle_deadline):
+                await self.wait_until(lambda: self.refs > 0 or self.waiters > 0 or self.evicting)
+            if self.refs == 0 and self.waiters == 0:
+                return
+
+    # -- introspection ------------------------------------------------------------------
+
+    @property
+    def reusable(self) -> bool:
+        return self.state is RunnerState.READY or self.state is RunnerState.LOADING
+
+    def expires_at(self) -> float | None:
+        """Wall-clock expiry.  While busy, the earliest it could expire (now + keep_alive),
+        so a long request never shows a time in the past (Ollama's stale value, B66)."""
+        if math.isinf(self.keep_alive) and not self.evicting:
+            return None
+        now = trio.current_time()
+        deadline = self.idle_deadline if self.refs == 0 else now + self.keep_alive
+        return time.time() + max(0.0, deadline - now)
+
+    def info(self) -> RunnerInfo:
+        if self.state is RunnerState.LOADING:
+            state = "loading"
+        elif self.state is RunnerState.UNLOADING:
+            state = "unloading"
+        elif self.evicting or (self.refs == 0 and self.keep_alive <= 0):
+            state = "expiring"
+        else:
+            state = "ready"
+        return RunnerInfo(
+            key=self.key,
+            name=self.name,
+            model_path=self.spec.model_path,
+            digest=self.digest,
+            details=self.details,
+            state=state,
+            size=self.memory.total,
+            size_vram=self.memory.vram,
+            vram_by_gpu=dict(self.memory.vram_by_gpu),
+            context_length=self.context_length,
+            num_parallel=self.load.num_parallel,
+            refs=self.refs,
+            queued=self.waiters + self.slot_waiters,
+            keep_alive=self.keep_alive,
+            expires_at=self.expires_at(),
+            pid=self.engine.pid if self.engine is not None else None,
+        )

@@ -1,0 +1,564 @@
+"""Scheduler behaviour on the simulated engine and simulated devices, in virtual time."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from ollamatrio.config import Settings
+from ollamatrio.devices import SimulatedDevices
+from ollamatrio.engines.protocol import CompletionRequest
+from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
+from ollamatrio.errors import (
+    InsufficientMemoryError,
+    OutOfMemoryError,
+    QueueFullError,
+    RunnerCrashedError,
+    RunnerStartError,
+)
+from ollamatrio.gguf import read_gguf
+from ollamatrio.memory import MemoryOptions, estimate
+from ollamatrio.model_info import read_cached
+from ollamatrio.scheduler import ModelRequest, Scheduler, open_scheduler
+from ollamatrio.testing import write_tiny_gguf
+
+GiB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Sparse llama-shaped models: declared GB sizes, no disk.  Names a-e are ~the same
+    size; 'big' is about twice as large, 'small' a tenth."""
+    root = tmp_path_factory.mktemp("sched-models")
+    shapes = {
+        "a": 8, "b": 8, "c": 8, "d": 8, "e": 8,
+        "big": 18, "small": 1,
+    }  # fmt: skip
+    out = {}
+    for name, layers in shapes.items():
+        out[name] = write_tiny_gguf(
+            root / f"{name}.gguf",
+            layers=layers,
+            embd=4096,
+            heads=32,
+            kv_heads=8,
+            ff=11008,
+            vocab=32000,
+            ctx=8192,
+            dtype="f16",
+            sparse=True,
+            name=name,
+        )
+        read_cached(str(out[name]))  # warm the header cache: no thread hops in timed tests
+    return out
+
+
+def predicted_total(path: Path, num_ctx: int = 4096, num_parallel: int = 1) -> int:
+    est = estimate(read_gguf(path), MemoryOptions(num_ctx=num_ctx, num_parallel=num_parallel))
+    return est.total
+
+
+def req(models: dict[str, Path], name: str, **kw: Any) -> ModelRequest:
+    return ModelRequest(name=name, model_path=str(models[name]), **kw)
+
+
+@asynccontextmanager
+async def scheduler(
+    *,
+    gpus: list[dict[str, Any]] | None = None,
+    system_total: int = 256 * GiB,
+    behaviours: dict[str, SimulatedBehaviour] | None = None,
+    default: SimulatedBehaviour | None = None,
+    **settings: Any,
+) -> AsyncIterator[tuple[Scheduler, SimulatedEngineFactory, SimulatedDevices]]:
+    devices = SimulatedDevices(
+        json.dumps({"gpus": gpus or [], "system": {"total": system_total, "cpu_count": 2}})
+    )
+    engines = SimulatedEngineFactory(
+        devices, default=default or SimulatedBehaviour(load_seconds=1.0), models=behaviours
+    )
+    base = Settings()
+    async with open_scheduler(
+        replace(base, **settings), engines=engines, devices=devices
+    ) as sched:
+        yield sched, engines, devices
+
+
+def loaded(sched: Scheduler) -> list[str]:
+    return sorted(i.name for i in sched.ps())
+
+
+async def use(sched: Scheduler, request: ModelRequest, seconds: float = 0.0) -> None:
+    async with sched.lease(request):
+        await trio.sleep(seconds)
+
+
+# -- leases and keep-alive ---------------------------------------------------------------
+
+
+async def test_lease_loads_counts_and_expires_after_keep_alive(autojump_clock, models):
+    async with scheduler() as (sched, engines, _):
+        async with sched.lease(req(models, "a")) as lease:
+            assert lease.load_duration == pytest.approx(1.0, abs=0.01)
+            (info,) = sched.ps()
+            assert (info.name, info.refs, info.state) == ("a", 1, "ready")
+        assert sched.ps()[0].refs == 0
+        await trio.sleep(299.9)
+        assert loaded(sched) == ["a"]
+        await trio.sleep(0.2)
+        assert loaded(sched) == []
+        assert engines.loads == 1
+
+
+async def test_second_lease_reuses_runner_without_loading(autojump_clock, models):
+    async with scheduler() as (sched, engines, _):
+        await use(sched, req(models, "a"))
+        start = trio.current_time()
+        async with sched.lease(req(models, "a")) as lease:
+            assert lease.load_duration == 0
+            assert trio.current_time() == start  # fast path: no wait at all
+        assert engines.loads == 1
+
+
+@pytest.mark.parametrize(
+    ("keep_alive", "alive_after"),
+    [(0.0, 0.0), (60.0, 59.0), (math.inf, 10 * 365 * 86400.0)],
+    ids=["zero-unloads-when-idle", "one-minute", "forever"],
+)
+async def test_keep_alive_values(autojump_clock, models, keep_alive, alive_after):
+    async with scheduler() as (sched, _, _):
+        await use(sched, req(models, "a", keep_alive=keep_alive), seconds=5)
+        if keep_alive == 0:
+            await trio.sleep(0.001)
+            assert loaded(sched) == []
+            return
+        await trio.sleep(alive_after)
+        assert loaded(sched) == ["a"]
+        if math.isinf(keep_alive):
+            assert sched.ps()[0].expires_at is None
+
+
+async def test_keep_alive_last_writer_wins_and_omitted_keeps_value(autojump_clock, models):
+    async with scheduler() as (sched, _, _):
+        await use(sched, req(models, "a", keep_alive=600))
+        await use(sched, req(models, "a"))  # omitted: stays 600
+        assert sched.ps()[0].keep_alive == 600
+        await trio.sleep(599)
+        assert loaded(sched) == ["a"]
+        await use(sched, req(models, "a", keep_alive=10))
+        await trio.sleep(10.1)
+        assert loaded(sched) == []
+
+
+async def test_default_keep_alive_from_settings(autojump_clock, models):
+    async with scheduler(keep_alive=30.0) as (sched, _, _):
+        await use(sched, req(models, "a"))
+        await trio.sleep(29.9)
+        assert loaded(sched) == ["a"]
+        await trio.sleep(0.2)
+        assert loaded(sched) == []
+
+
+async def test_busy_runner_does_not_expire_and_expires_at_stays_in_future(autojump_clock, models):
+    async with scheduler(keep_alive=60.0) as (sched, _, _):
+        async with sched.lease(req(models, "a")):
+            for _ in range(5):
+                await trio.sleep(100)  # far past the keep-alive
+                (info,) = sched.ps()
+                assert info.state == "ready"
+                assert info.expires_at is not None
+                assert info.expires_at >= trio.current_time() - 1  # never in the past
+        await trio.sleep(59)
+        assert loaded(sched) == ["a"]
+        await trio.sleep(2)
+        assert loaded(sched) == []
+
+
+async def test_cancelled_lease_gives_its_reference_back(autojump_clock, models):
+    async with scheduler(keep_alive=0.0) as (sched, _, _):
+        with trio.move_on_after(5):
+            async with sched.lease(req(models, "a")):
+                assert sched.ps()[0].refs == 1
+                await trio.sleep_forever()
+        await trio.sleep(0.001)
+        assert loaded(sched) == []  # refs went to 0, keep_alive 0 unloaded it
+
+
+async def test_unload_request_expires_idle_runner_now(autojump_clock, models):
+    async with scheduler() as (sched, _, _):
+        await use(sched, req(models, "a"))
+        assert sched.unload(str(models["a"])) is True
+        await trio.sleep(0.001)
+        assert loaded(sched) == []
+        assert sched.unload(str(models["a"])) is False
+
+
+async def test_unload_request_waits_for_busy_runner(autojump_clock, models):
+    async with scheduler() as (sched, _, _):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(use, sched, req(models, "a"), 20)
+            await trio.sleep(5)
+            assert sched.unload(str(models["a"]))
+            assert sched.ps()[0].state == "expiring"
+            await trio.sleep(10)
+            assert loaded(sched) == ["a"]  # still serving
+        await trio.sleep(0.001)
+        assert loaded(sched) == []
+
+
+async def test_load_request_then_expiry(autojump_clock, models):
+    async with scheduler(keep_alive=10.0) as (sched, _, _):
+        lease = await sched.load(req(models, "a"))
+        assert lease.load_duration == pytest.approx(1.0, abs=0.01)
+        assert sched.ps()[0].refs == 0
+        await trio.sleep(10.1)
+        assert loaded(sched) == []
+
+
+# -- the queue -----------------------------------------------------------------------------
+
+
+async def test_queue_full_while_loading(autojump_clock, models):
+    async with scheduler(max_queue=2) as (sched, _, _):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(use, sched, req(models, "a"))
+            nursery.start_soon(use, sched, req(models, "b"))
+            await trio.sleep(0.1)
+            assert sched.waiting == 2
+            with pytest.raises(QueueFullError) as exc:
+                await use(sched, req(models, "c"))
+            assert str(exc.value) == (
+                "server busy, please try again.  maximum pending requests exceeded"
+            )
+
+
+async def test_slot_waiters_of_a_loaded_model_count_against_the_queue(autojump_clock, models):
+    async with scheduler(max_queue=1, num_parallel=1) as (sched, _, _):
+        await use(sched, req(models, "a"))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(use, sched, req(models, "a"), 10)  # holds the only slot
+            nursery.start_soon(use, sched, req(models, "a"), 10)  # waits for it
+            await trio.sleep(1)
+            assert sched.waiting == 1
+            assert sched.queue_depth() == {"a": 1}
+            with pytest.raises(QueueFullError):
+                await use(sched, req(models, "a"))
+        assert sched.waiting == 0
+
+
+async def test_parallel_slots_serve_concurrently(autojump_clock, models):
+    async with scheduler(num_parallel=2) as (sched, _, _):
+        await use(sched, req(models, "a"))
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(use, sched, req(models, "a"), 10)
+        assert trio.current_time() - start == pytest.approx(20, abs=0.01)
+
+
+async def test_request_cancelled_while_queued_leaves_nothing_behind(autojump_clock, models):
+    async with scheduler(default=SimulatedBehaviour(load_seconds=30)) as (sched, engines, _):
+        with trio.move_on_after(5):
+            await use(sched, req(models, "a"))
+        assert sched.waiting == 0
+        await trio.sleep(0.001)
+        assert loaded(sched) == []  # nobody wanted the load any more: abandoned
+        assert "a" not in engines.engines
+
+
+async def test_load_continues_while_another_request_still_wants_it(autojump_clock, models):
+    async with scheduler(default=SimulatedBehaviour(load_seconds=30)) as (sched, _, _):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(use, sched, req(models, "a"))
+            with trio.move_on_after(5):
+                await use(sched, req(models, "a"))
+        assert trio.current_time() == pytest.approx(30, abs=0.01)
+        assert loaded(sched) == ["a"]
+
+
+# -- reload rules --------------------------------------------------------------------------
+
+
+async def test_different_num_ctx_reloads_smaller_reuses(autojump_clock, models):
+    async with scheduler() as (sched, engines, _):
+        await use(sched, req(models, "a", options={"num_ctx": 2048}))
+        await use(sched, req(models, "a", options={"num_ctx": 1024}))  # fits in the loaded one
+        assert engines.loads == 1
+        await use(sched, req(models, "a", options={"num_ctx": 8192}))
+        assert engines.loads == 2
+        (info,) = sched.ps()
+        assert info.context_length == 8192
+
+
+async def test_num_ctx_clamped_to_training_context(autojump_clock, models):
+    async with scheduler() as (sched, _, _):
+        await use(sched, req(models, "a", options={"num_ctx": 1_000_000}))
+        assert sched.ps()[0].context_length == 8192
+
+
+async def test_sampling_options_and_negative_num_gpu_never_reload(autojump_clock, models):
+    async with scheduler() as (sched, engines, _):
+        await use(sched, req(models, "a"))
+        await use(sched, req(models, "a", options={"temperature": 0.1, "num_gpu": -1}))
+        assert engines.loads == 1
+
+
+# -- eviction ------------------------------------------------------------------------------
+
+
+async def test_max_loaded_models_evicts_idle_shortest_keep_alive(autojump_clock, models):
+    async with scheduler(max_loaded_models=2) as (sched, _, _):
+        await use(sched, req(models, "a", keep_alive=600))
+        await use(sched, req(models, "b", keep_alive=60))
+        await use(sched, req(models, "c"))
+        assert loaded(sched) == ["a", "c"]
+
+
+async def test_default_max_models_is_three_on_cpu(autojump_clock, models):
+    async with scheduler() as (sched, _, _):
+        for name in "abcd":
+            await use(sched, req(models, name))
+        assert len(sched.ps()) == 3
+
+
+async def test_busy_runner_is_not_evicted_until_idle(autojump_clock, models):
+    async with scheduler(max_loaded_models=1) as (sched, _, _):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(use, sched, req(models, "a"), 50)
+            await trio.sleep(2)
+            await use(sched, req(models, "b"))
+            # b waited for a's request to finish, then for b's load
+            assert trio.current_time() == pytest.approx(52, abs=0.1)
+        assert loaded(sched) == ["b"]
+
+
+async def test_eviction_frees_only_as_much_gpu_memory_as_needed(autojump_clock, models):
+    size = predicted_total(models["a"])
+    gpu = {"id": "sim0", "total": int(size * 3.5)}  # room for three
+    async with scheduler(gpus=[gpu]) as (sched, _, _):
+        for name, ka in (("a", 300), ("b", 100), ("c", 200)):
+            await use(sched, req(models, name, keep_alive=ka))
+        assert loaded(sched) == ["a", "b", "c"]
+        assert all(i.size_vram > 0 for i in sched.ps())
+        await use(sched, req(models, "d", keep_alive=300))
+        assert loaded(sched) == ["a", "c", "d"]  # only b (shortest keep-alive) went
+
+
+async def test_eviction_never_evicts_a_runner_it_does_not_need_gone(autojump_clock, models):
+    big = predicted_total(models["big"])
+    size = predicted_total(models["a"])
+    gpus = [
+        {"id": "sim0", "total": int(big * 1.1)},  # only big's replacement fits here
+        {"id": "sim1", "total": int(size * 1.2)},
+    ]
+    async with scheduler(gpus=gpus, max_loaded_models=5) as (sched, _, _):
+        await use(sched, req(models, "big", keep_alive=900))  # sim0
+        await use(sched, req(models, "a", keep_alive=10))  # sim1
+        by_name = {i.name: set(i.vram_by_gpu) for i in sched.ps()}
+        assert by_name == {"big": {"sim0"}, "a": {"sim1"}}
+        # b fits on sim1 once a is gone; a has the shortest keep-alive anyway, and
+        # big (on the other GPU) must stay.
+        await use(sched, req(models, "b", keep_alive=5))
+        assert loaded(sched) == ["b", "big"]
+
+
+async def test_smallest_gpu_group_that_fits(autojump_clock, models):
+    big = predicted_total(models["big"])
+    gpus = [{"id": f"sim{i}", "total": int(big * 0.6)} for i in range(4)]
+    async with scheduler(gpus=gpus) as (sched, _, _):
+        await use(sched, req(models, "big"))
+        (info,) = sched.ps()
+        assert len(info.vram_by_gpu) == 2
+        assert info.size_vram > 0
+
+
+async def test_partial_offload_when_nothing_fits_alone(autojump_clock, models):
+    big = predicted_total(models["big"])
+    async with scheduler(gpus=[{"id": "sim0", "total": big // 2}]) as (sched, _, _):
+        await use(sched, req(models, "big"))
+        (info,) = sched.ps()
+        assert 0 < info.size_vram < info.size
+
+
+async def test_cpu_loads_check_host_memory(autojump_clock, models):
+    size = predicted_total(models["a"])
+    async with scheduler(system_total=int(size * 1.5)) as (sched, _, _):
+        await use(sched, req(models, "a"))
+        await use(sched, req(models, "b"))  # does not fit beside a: a is evicted
+        assert loaded(sched) == ["b"]
+        with pytest.raises(InsufficientMemoryError):
+            await use(sched, req(models, "big"))
+        assert loaded(sched) == ["b"]
+
+
+async def test_requests_needing_eviction_are_served_in_arrival_order(autojump_clock, models):
+    order: list[str] = []
+
+    async def run(name: str) -> None:
+        async with sched.lease(req(models, name)):
+            order.append(name)
+
+    async with scheduler(max_loaded_models=1) as (sched, _, _):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(use, sched, req(models, "a"), 10)
+            await trio.sleep(2)
+            for name in "bcd":
+                nursery.start_soon(run, name)
+                await trio.sleep(0.01)
+        assert order == ["b", "c", "d"]
+
+
+# -- no head-of-line blocking --------------------------------------------------------------
+
+
+async def test_loaded_model_is_not_blocked_by_another_models_load(autojump_clock, models):
+    slow = SimulatedBehaviour(load_seconds=30)
+    async with scheduler(behaviours={"a": slow}) as (sched, _, _):
+        await use(sched, req(models, "b"))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(use, sched, req(models, "a"))
+            await trio.sleep(1)
+            start = trio.current_time()
+            await use(sched, req(models, "b"))
+            assert trio.current_time() - start < 0.01
+
+
+async def test_model_that_fits_loads_beside_a_slow_load(autojump_clock, models):
+    slow = SimulatedBehaviour(load_seconds=30)
+    async with scheduler(behaviours={"a": slow}) as (sched, _, _):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(use, sched, req(models, "a"))
+            await trio.sleep(1)
+            start = trio.current_time()
+            await use(sched, req(models, "b"))  # 1 s load, not 30
+            assert trio.current_time() - start == pytest.approx(1.0, abs=0.01)
+
+
+async def test_fitting_request_not_blocked_by_one_that_needs_eviction(autojump_clock, models):
+    size = predicted_total(models["a"])
+    small = predicted_total(models["small"])
+    gpu = {"id": "sim0", "total": int(size * 2 + small * 1.5)}
+    async with scheduler(gpus=[gpu], max_loaded_models=5) as (sched, _, _):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(use, sched, req(models, "a"), 100)  # busy for 100 s
+            nursery.start_soon(use, sched, req(models, "b"), 100)
+            await trio.sleep(2)
+            nursery.start_soon(use, sched, req(models, "c"))  # needs a or b gone
+            await trio.sleep(1)
+            start = trio.current_time()
+            await use(sched, req(models, "small"))  # fits beside them
+            assert trio.current_time() - start == pytest.approx(1.0, abs=0.01)
+
+
+# -- failures ------------------------------------------------------------------------------
+
+
+async def test_load_error_reaches_requester_and_next_request_retries(autojump_clock, models):
+    engines_behaviour = {"a": SimulatedBehaviour(load_seconds=1, fail_load="error")}
+    async with scheduler(behaviours=engines_behaviour) as (sched, engines, _):
+        with pytest.raises(RunnerStartError, match="error loading model"):
+            await use(sched, req(models, "a"))
+        assert loaded(sched) == []
+        engines.models.clear()
+        await use(sched, req(models, "a"))
+        assert loaded(sched) == ["a"]
+
+
+async def test_load_oom_retries_with_smaller_automatic_context(autojump_clock, models):
+    async with scheduler(context_length=0) as (sched, engines, _):
+        sched._default_ctx = 8192  # as if the GPUs had asked for a large default
+        engines.models["a"] = SimulatedBehaviour(load_seconds=1, fail_load="oom")
+
+        original_open = engines.open
+
+        @asynccontextmanager
+        async def open_ok_when_small(spec):
+            if spec.num_ctx <= 4096:
+                engines.models.clear()
+            async with original_open(spec) as engine:
+                yield engine
+
+        engines.open = open_ok_when_small  # type: ignore[method-assign]
+        await use(sched, req(models, "a"))
+        assert sched.ps()[0].context_length == 4096
+        assert engines.loads == 2
+
+
+async def test_load_oom_with_explicit_context_is_reported(autojump_clock, models):
+    behaviours = {"a": SimulatedBehaviour(fail_load="oom")}
+    async with scheduler(behaviours=behaviours) as (sched, _, _):
+        with pytest.raises(OutOfMemoryError):
+            await use(sched, req(models, "a", options={"num_ctx": 2048}))
+
+
+async def test_crash_mid_stream_reaches_leaseholders_and_model_reloads(autojump_clock, models):
+    behaviours = {"a": SimulatedBehaviour(crash_after_tokens=3, tokens_per_second=10)}
+    async with scheduler(behaviours=behaviours) as (sched, engines, _):
+        with pytest.raises(RunnerCrashedError):
+            async with sched.lease(req(models, "a")) as lease:
+                async with lease.engine.complete(CompletionRequest(prompt="hi")) as chunks:
+                    async for _ in chunks:
+                        pass
+        await trio.sleep(0.001)
+        assert loaded(sched) == []
+        engines.models.clear()
+        await use(sched, req(models, "a"))
+        assert engines.loads == 2
+
+
+async def test_runtime_oom_expires_idle_runners(autojump_clock, models):
+    behaviours = {"b": SimulatedBehaviour(oom_at_runtime=True)}
+    async with scheduler(behaviours=behaviours) as (sched, _, _):
+        await use(sched, req(models, "a"))
+        with pytest.raises(OutOfMemoryError):
+            async with sched.lease(req(models, "b")) as lease:
+                async with lease.engine.complete(CompletionRequest(prompt="x")) as chunks:
+                    async for _ in chunks:
+                        pass
+        await trio.sleep(0.001)
+        assert loaded(sched) == []
+
+
+# -- shutdown and scale --------------------------------------------------------------------
+
+
+async def test_shutdown_unloads_everything(autojump_clock, models):
+    gpus = [{"id": "sim0", "total": 512 * GiB}]
+    async with scheduler(gpus=gpus) as (sched, engines, devices):
+        for name in "abc":
+            await use(sched, req(models, name, keep_alive=math.inf))
+        assert len(engines.engines) == 3
+    assert engines.engines == {}
+    inventory = await devices.inventory()
+    assert inventory.gpus[0].free == 512 * GiB
+
+
+async def test_thousand_leases_with_random_cancellations(autojump_clock, models):
+    rng = random.Random(7)
+    names = ["a", "b", "c", "d", "e", "small"]
+    async with scheduler(keep_alive=60.0, num_parallel=4, max_queue=2000) as (sched, _, _):
+
+        async def one(i: int) -> None:
+            name = rng.choice(names)
+            with trio.move_on_after(rng.uniform(0, 20)):
+                async with sched.lease(req(models, name)) as lease:
+                    async with lease.engine.complete(CompletionRequest(prompt=f"p{i}")) as chunks:
+                        async for _ in chunks:
+                            pass
+
+        async with trio.open_nursery() as nursery:
+            for i in range(1000):
+                nursery.start_soon(one, i)
+        assert sched.waiting == 0
+        assert all(i.refs == 0 for i in sched.ps())
+        await trio.sleep(61)
+        assert sched.ps() == []
