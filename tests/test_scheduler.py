@@ -87,9 +87,7 @@ async def scheduler(
         devices, default=default or SimulatedBehaviour(load_seconds=1.0), models=behaviours
     )
     base = Settings()
-    async with open_scheduler(
-        replace(base, **settings), engines=engines, devices=devices
-    ) as sched:
+    async with open_scheduler(replace(base, **settings), engines=engines, devices=devices) as sched:
         yield sched, engines, devices
 
 
@@ -562,3 +560,60 @@ async def test_thousand_leases_with_random_cancellations(autojump_clock, models)
         assert all(i.refs == 0 for i in sched.ps())
         await trio.sleep(61)
         assert sched.ps() == []
+
+
+# -- VRAM recovery -------------------------------------------------------------------------
+
+
+class LaggingDevices(SimulatedDevices):
+    """Reports freed GPU memory only after ``lag`` seconds, as drivers sometimes do."""
+
+    def __init__(self, spec: str, lag: float) -> None:
+        super().__init__(spec)
+        self.lag = lag
+        self.released_at: dict[str, float] = {}
+        self.held: dict[str, dict[str, int]] = {}
+
+    def release(self, owner: str) -> None:
+        self.held[owner] = self.usage(owner)
+        self.released_at[owner] = trio.current_time()
+        super().release(owner)
+
+    async def inventory(self):  # type: ignore[override]
+        inv = await super().inventory()
+        now = trio.current_time()
+        lagging: dict[str, int] = {}
+        for owner, at in self.released_at.items():
+            if now - at < self.lag:
+                for gpu_id, nbytes in self.held[owner].items():
+                    lagging[gpu_id] = lagging.get(gpu_id, 0) + nbytes
+        gpus = tuple(replace(g, free=max(0, g.free - lagging.get(g.id, 0))) for g in inv.gpus)
+        return replace(inv, gpus=gpus)
+
+
+@pytest.mark.parametrize(
+    ("lag", "expected"), [(1.2, 1.25), (60.0, 5.0)], ids=["recovers", "gives-up"]
+)
+async def test_gpu_runner_waits_for_vram_recovery(autojump_clock, models, lag, expected):
+    spec = json.dumps({"gpus": [{"id": "sim0", "total": "512GiB"}], "system": {"total": "64GiB"}})
+    devices = LaggingDevices(spec, lag)
+    engines = SimulatedEngineFactory(devices, default=SimulatedBehaviour(load_seconds=0))
+    async with open_scheduler(
+        replace(Settings(), keep_alive=0.0), engines=engines, devices=devices
+    ) as sched:
+        await use(sched, req(models, "a"))
+        start = trio.current_time()
+        await sched.wait_idle()
+        assert trio.current_time() - start == pytest.approx(expected, abs=0.01)
+
+
+async def test_cpu_runner_skips_vram_recovery(autojump_clock, models):
+    async with scheduler(keep_alive=0.0, default=SimulatedBehaviour(load_seconds=0)) as (
+        sched,
+        _,
+        _,
+    ):
+        await use(sched, req(models, "a"))
+        start = trio.current_time()
+        await sched.wait_idle()
+        assert trio.current_time() == start

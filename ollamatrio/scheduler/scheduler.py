@@ -599,6 +599,7 @@ class Scheduler:
     async def _run_runner(self, runner: Runner) -> None:
         """One runner's whole life.  Errors stay here (I3): they reach the requests that
         wait for this runner, never the scheduler's nursery."""
+        vram_baseline: int | None = None  # free VRAM just before the runner exits
         try:
             with runner.scope:
                 async with self._engines.open(runner.spec) as engine:
@@ -609,6 +610,8 @@ class Scheduler:
                     )
                     await runner.serve_until_expired()
                     runner.state = RunnerState.UNLOADING  # no lease may pin it from here on
+                    if runner.memory.vram > 0:
+                        vram_baseline = await self._gpu_free(runner)
             if runner.scope.cancelled_caught and runner.state is RunnerState.LOADING:
                 runner.mark_failed(RunnerStartError("load abandoned: no request wants it"))
         except RunnerError as exc:
@@ -619,26 +622,27 @@ class Scheduler:
             runner.mark_failed(RunnerError(f"runner failed: {exc}"))
         finally:
             runner.mark_failed(runner.error or RunnerError("runner unloaded"))
-            if runner.memory.vram > 0:
+            if vram_baseline is not None:
                 with trio.CancelScope(shield=True):
-                    await self._wait_for_vram_recovery(runner)
+                    await self._wait_for_vram_recovery(runner, vram_baseline)
             if self._runners.get(runner.key) is runner:
                 del self._runners[runner.key]
             self._wake()
 
-    async def _wait_for_vram_recovery(self, runner: Runner) -> None:
-        """B55: drivers report freed VRAM late; wait until most of it shows up (bounded)."""
-        gpu_ids = set(runner.memory.vram_by_gpu)
+    async def _gpu_free(self, runner: Runner) -> int:
+        inventory = await self._devices.inventory()
+        return sum(g.free for g in inventory.gpus if g.id in runner.memory.vram_by_gpu)
+
+    async def _wait_for_vram_recovery(self, runner: Runner, baseline: int) -> None:
+        """B55: drivers report freed VRAM late, so the runner's memory stays booked until
+        most of it shows up as free again (bounded; the subtraction is clamped where
+        Ollama's unsigned one wraps)."""
+        # The driver's free-memory figure is external state with no notification, so this
+        # is the one place that polls.
+        target = VRAM_RECOVERY_FRACTION * runner.memory.vram
         with trio.move_on_after(VRAM_RECOVERY_TIMEOUT):
-            baseline = None
             while True:
-                inventory = await self._devices.inventory()
-                free = sum(g.free for g in inventory.gpus if g.id in gpu_ids)
-                if baseline is None:
-                    # The process is already gone, so the baseline is taken from what the
-                    # books say it held; the subtraction is clamped (Ollama's wraps).
-                    baseline = max(0, free - runner.memory.vram)
-                if max(0, free - baseline) >= VRAM_RECOVERY_FRACTION * runner.memory.vram:
+                if max(0, await self._gpu_free(runner) - baseline) >= target:
                     return
                 await trio.sleep(VRAM_RECOVERY_POLL)
 
