@@ -106,7 +106,16 @@ def write_tiny_gguf(
     """Write a llama-architecture GGUF and return its path.
 
     Matrices use ``dtype``; norm vectors stay F32.  ``ff`` defaults to ``2 * embd`` and
-    ``kv_heads`` to ``heads``.  ``extra_metadata`` adds or overrides keys (``None`` deletes).
+    ``kv_heads`` to ``heads``.  ``sparse`` leaves the tensor data as a hole (zeros, no disk).
+    ``pooling`` writes ``llama.pooling_type`` (an embedding model).  ``corrupt``:
+
+    - ``bad_magic``: the first four bytes are not ``GGUF``;
+    - ``truncated``: the file is cut in the middle of the tensor data;
+    - ``absurd_counts``: the header claims 2**60 tensors and 2**60 metadata keys;
+    - ``duplicate_tokens``: the last token string repeats the one before it, a file that
+      passes structural checks but makes llama.cpp abort() while loading the vocabulary.
+
+    ``extra_metadata`` adds or overrides keys (``None`` deletes one).
     """
     out = Path(path)
     kv_heads = heads if kv_heads is None else kv_heads
@@ -114,6 +123,8 @@ def write_tiny_gguf(
     _check_shape(layers=layers, embd=embd, heads=heads, kv_heads=kv_heads, ff=ff, dtype=dtype)
     if extra_metadata and Keys.General.ARCHITECTURE in extra_metadata:
         raise ValueError(f"{Keys.General.ARCHITECTURE} is always {ARCH!r} here")
+    if pooling is not None and pooling not in _POOLING:
+        raise ValueError(f"unknown pooling {pooling!r}; choose from {tuple(_POOLING)}")
     if corrupt is not None and corrupt not in CORRUPTIONS:
         raise ValueError(f"unknown corruption {corrupt!r}; choose from {CORRUPTIONS}")
 

@@ -38,6 +38,8 @@ def min_vocab_size(kind: TokenizerKind) -> int:
 
 
 def build_vocabulary(kind: TokenizerKind, size: int) -> Vocabulary:
+    if kind not in ("llama", "gpt2"):
+        raise ValueError(f"unknown tokenizer {kind!r}; choose 'llama' (SPM) or 'gpt2' (BPE)")
     if size < min_vocab_size(kind):
         raise ValueError(f"a {kind} vocabulary needs at least {min_vocab_size(kind)} tokens")
     return _spm_vocabulary(size) if kind == "llama" else _bpe_vocabulary(size)
