@@ -37,12 +37,14 @@ MiB: Final = 1 << 20
 #: llama.cpp pads every KV cache stream to a multiple of 256 cells.
 KV_PAD: Final = 256
 #: Fixed resident memory of a runner process with a model loaded: the interpreter, trio,
-#: httpx, psutil, pynvml, gguf (numpy) and the xllamacpp library, plus llama.cpp's server
-#: threads. Measured as RSS minus llama.cpp's own buffers on a 300-token model.
-RUNNER_OVERHEAD: Final = 69 * MiB
+#: psutil, pynvml, gguf (numpy) and the xllamacpp library, plus llama.cpp's server threads.
+#: Measured as RSS minus llama.cpp's own buffers on a 300-token model.
+RUNNER_OVERHEAD: Final = 62 * MiB
 #: llama.cpp's in-memory vocabulary: bytes per token and per BPE merge rule (measured).
 VOCAB_TOKEN_BYTES: Final = 220
 VOCAB_MERGE_BYTES: Final = 300
+#: Per-token graph inputs besides the mask (positions, token and output ids), measured.
+GRAPH_INPUT_BYTES: Final = 40
 #: The runner raises the batch of embedding models to the whole input, up to this.
 EMBEDDING_BATCH_CAP: Final = 2048
 
@@ -250,6 +252,7 @@ class Estimate:
     output_weights: int  # on a GPU when the output layer is offloaded
     output_host_weights: int  # on the CPU when it is not
     cpu_compute: int  # CPU compute buffer while any layer runs on the CPU
+    cpu_work: int  # the CPU threads' work buffer while any layer runs on the CPU
     cpu_compute_offloaded: int  # CPU compute buffer when every layer is on GPUs
     gpu_graph_full: int  # GPU compute graph when every layer is on GPUs (Ollama's formula)
     gpu_graph_partial: int  # GPU compute graph when some layers stay on the CPU
@@ -282,7 +285,14 @@ class Estimate:
     @property
     def total(self) -> int:
         """Everything on the CPU: the resident memory of a CPU-only runner."""
-        return self.weights + self.kv + self.cpu_compute + self.output_buffer + self.overhead
+        return (
+            self.weights
+            + self.kv
+            + self.cpu_compute
+            + self.cpu_work
+            + self.output_buffer
+            + self.overhead
+        )
 
 
 def estimate(model: GGUFInfo | ModelProfile, opts: MemoryOptions) -> Estimate:
@@ -317,16 +327,24 @@ def estimate(model: GGUFInfo | ModelProfile, opts: MemoryOptions) -> Estimate:
         else:
             layer_kv.append(par * p.ssm_state)
 
+    # CPU compute buffer: the largest set of f32 activations live at once in llama.cpp's
+    # graph (the FFN or, without flash attention, the attention), the per-token inputs and
+    # the KQ mask; fitted to llama.cpp's own numbers (docs/memory.md).
     e = p.embd
     max_heads = max(p.heads, default=0)
-    max_kv = max(p.kv_heads, default=0)
-    embd_kv = max(p.head_dim_k, p.head_dim_v) * max_kv
+    embd_kv = max(p.head_dim_k, p.head_dim_v) * max(p.kv_heads, default=0)
+    inputs = GRAPH_INPUT_BYTES * ubatch
     ffn_phase = 4 * ubatch * (3 * p.ff + 5 * e)
     if flash:
-        cpu_compute = max(ffn_phase, 4 * ubatch * 8 * e) + 2 * ubatch * cells
+        cpu_compute = max(ffn_phase, 4 * ubatch * 8 * e) + inputs + 2 * ubatch * cells
     else:
-        attn_phase = 4 * ubatch * (6 * e + 2 * embd_kv + max_heads * cells)
-        cpu_compute = max(attn_phase + 4 * ubatch * cells, ffn_phase + 6 * ubatch * cells)
+        attn_phase = 4 * ubatch * (6 * e + 2 * embd_kv + max_heads * cells) + 4 * ubatch * cells
+        cpu_compute = max(attn_phase, ffn_phase + 6 * ubatch * cells) + inputs
+    # The CPU backend converts a matmul's activations to the weights' dot type (f16 at
+    # worst) in a work buffer; without flash attention that includes KQ before KQ x V.
+    cpu_work = 2 * ubatch * max(e, p.ff)
+    if not flash:
+        cpu_work = max(cpu_work, 2 * ubatch * max_heads * cells)
 
     full, partial = _ollama_llama_graph(p, ctx * par, opts.num_batch)
     outputs = 4 * par * (p.vocab + (e if p.embedding_model else 0))
@@ -343,6 +361,7 @@ def estimate(model: GGUFInfo | ModelProfile, opts: MemoryOptions) -> Estimate:
         output_weights=p.output_weights,
         output_host_weights=p.output_host_weights,
         cpu_compute=cpu_compute,
+        cpu_work=cpu_work,
         cpu_compute_offloaded=4 * ubatch * e,  # the input embeddings, gathered on the CPU
         gpu_graph_full=full,
         gpu_graph_partial=partial,
@@ -371,9 +390,10 @@ class Layout:
     """Where the layers go, and what that costs on each device.
 
     ``num_gpu_layers`` is llama.cpp's ``n_gpu_layers``: the last ``n`` layers, counting the
-    output layer as one (``block_count + 1`` means everything).  ``tensor_split`` has one
-    entry per GPU passed to :func:`plan_layout`, in that order: its layer count, which
-    llama.cpp turns back into exactly these counts (the first GPU takes the lowest layers).
+    output layer as one (``block_count + 1`` means everything).  ``gpu_layers`` lists only the
+    GPUs that received layers, in the order they were given; load with exactly those GPUs and
+    ``tensor_split`` (their layer counts, same order), which llama.cpp turns back into these
+    counts (the first GPU takes the lowest layers, the last one the output layer).
     """
 
     gpu_layers: dict[str, int]  # GPUs that received layers -> block count (+1 with output)
@@ -450,7 +470,7 @@ def plan_layout(
         + sum(estimate.layer_weights[:cpu_blocks])
         + sum(estimate.layer_kv[:cpu_blocks])
         + (0 if full else estimate.output_host_weights)
-        + (estimate.cpu_compute_offloaded if full else estimate.cpu_compute)
+        + (estimate.cpu_compute_offloaded if full else estimate.cpu_compute + estimate.cpu_work)
         + estimate.output_buffer
         + estimate.overhead
     )
@@ -459,7 +479,7 @@ def plan_layout(
         vram_by_gpu=dict(reversed(vram.items())),
         host_bytes=host,
         num_gpu_layers=placed,
-        tensor_split=tuple(float(c) for c in counts) if placed else (),
+        tensor_split=tuple(float(c) for c in counts if c),
         fits_fully=full,
     )
 

@@ -201,7 +201,7 @@ class SimulatedEngineFactory:
                 num_parallel=spec.num_parallel,
                 num_batch=spec.num_batch,
                 kv_cache_type=spec.kv_cache_type,
-                flash_attention=bool(spec.flash_attention),
+                flash_attention=spec.flash_attention,
             ),
         )
         if not spec.gpu_ids or spec.num_gpu == 0 or self._devices is None:

@@ -433,7 +433,7 @@ class Scheduler:
                 num_parallel=load.num_parallel,
                 num_batch=load.num_batch,
                 kv_cache_type=self.settings.kv_cache_type,
-                flash_attention=self.settings.flash_attention is True,
+                flash_attention=self.settings.flash_attention,  # None: auto, as the runner
             ),
         )
         active = [r for r in self._runners.values() if r.state is not RunnerState.UNLOADING]
