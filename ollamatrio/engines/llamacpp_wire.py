@@ -1,0 +1,299 @@
+"""Translate between Ollama's terms and llama.cpp server's HTTP API (pure, no I/O).
+
+Requests: a prompt goes to ``/completion`` (or ``/infill`` with a suffix), messages go to
+``/v1/chat/completions`` so the model's own chat template applies.  Every Ollama sampling
+option is sent explicitly with Ollama's default, since llama.cpp's request defaults differ
+(engine.md §10.8).  Responses: SSE ``data:`` events become :class:`Chunk` objects, with
+llama.cpp's ``timings`` turned into Ollama's counts and nanosecond durations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ollamatrio.engines.protocol import Chunk, CompletionRequest
+from ollamatrio.errors import InvalidRequestError
+
+# Ollama option -> (llama.cpp request field, Ollama's default).
+SAMPLING_OPTIONS: dict[str, tuple[str, Any]] = {
+    "temperature": ("temperature", 0.8),
+    "top_k": ("top_k", 40),
+    "top_p": ("top_p", 0.9),
+    "min_p": ("min_p", 0.0),
+    "typical_p": ("typical_p", 1.0),
+    "repeat_last_n": ("repeat_last_n", 64),
+    "repeat_penalty": ("repeat_penalty", 1.0),
+    "presence_penalty": ("presence_penalty", 0.0),
+    "frequency_penalty": ("frequency_penalty", 0.0),
+    "seed": ("seed", -1),
+    "num_keep": ("n_keep", 4),
+}
+# llama.cpp request fields passed through unchanged when present in options (benchmarks and
+# tests use them to get exactly N tokens out).
+PASSTHROUGH_OPTIONS = ("ignore_eos", "logit_bias")
+MAX_PREDICT_FACTOR = 10  # B61: num_predict < 0 or > 10 * num_ctx is capped at 10 * num_ctx
+JSON_FORMAT_SCHEMA: dict[str, Any] = {"type": "object"}
+
+
+def n_predict(options: Mapping[str, Any], context_length: int) -> int:
+    limit = MAX_PREDICT_FACTOR * context_length
+    value = int(options.get("num_predict", -1) if options.get("num_predict") is not None else -1)
+    return limit if value < 0 or value > limit else value
+
+
+def sampling_fields(options: Mapping[str, Any], context_length: int) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    for option, (name, default) in SAMPLING_OPTIONS.items():
+        value = options.get(option)
+        body[name] = default if value is None else value
+    stop = options.get("stop")
+    if stop:
+        body["stop"] = [stop] if isinstance(stop, str) else list(stop)
+    for name in PASSTHROUGH_OPTIONS:
+        if name in options:
+            body[name] = options[name]
+    body["n_predict"] = n_predict(options, context_length)
+    body["cache_prompt"] = True
+    body["stream"] = True
+    return body
+
+
+def _format_schema(fmt: str | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(fmt, str):
+        if fmt == "json":
+            return dict(JSON_FORMAT_SCHEMA)
+        if fmt == "":
+            return {}
+        raise InvalidRequestError(f'invalid format: {fmt!r}; expected "json" or a JSON schema')
+    return dict(fmt)
+
+
+def completion_request(req: CompletionRequest, context_length: int) -> tuple[str, dict[str, Any]]:
+    """(path, body) for a prompt request."""
+    if req.prompt is None:
+        raise InvalidRequestError("a completion needs a prompt")
+    body = sampling_fields(req.options, context_length)
+    if req.format:
+        body["json_schema"] = _format_schema(req.format)
+    if req.suffix:
+        body.update(input_prefix=req.prompt, input_suffix=req.suffix, prompt="")
+        return "/infill", body
+    body["prompt"] = req.prompt
+    return "/completion", body
+
+
+def chat_request(
+    req: CompletionRequest, context_length: int, model: str
+) -> tuple[str, dict[str, Any]]:
+    """(path, body) for a messages request, rendered by llama.cpp with the model's template."""
+    if req.messages is None:
+        raise InvalidRequestError("a chat needs messages")
+    body = sampling_fields(req.options, context_length)
+    body["model"] = model
+    body["messages"] = [chat_message(m, i) for i, m in enumerate(req.messages)]
+    if req.tools:
+        body["tools"] = [dict(tool) for tool in req.tools]
+    if req.format:
+        schema = _format_schema(req.format)
+        if req.format == "json":
+            body["response_format"] = {"type": "json_object"}
+        elif schema:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
+    if req.think is not None:
+        kwargs: dict[str, Any] = {"enable_thinking": bool(req.think)}
+        if isinstance(req.think, str):
+            kwargs["enable_thinking"] = req.think not in ("", "false", "none")
+            kwargs["reasoning_effort"] = req.think
+        body["chat_template_kwargs"] = kwargs
+    return "/v1/chat/completions", body
+
+
+def _image_url(b64: str) -> str:
+    mime = "image/jpeg" if b64.startswith("/9j/") else "image/png"
+    return f"data:{mime};base64,{b64}"
+
+
+def chat_message(message: Mapping[str, Any], index: int = 0) -> dict[str, Any]:
+    """One Ollama chat message in OpenAI shape (what llama.cpp's chat endpoint takes)."""
+    role = message.get("role", "user")
+    text = message.get("content") or ""
+    out: dict[str, Any] = {"role": role, "content": text}
+    images = message.get("images") or ()
+    if images:
+        parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+        parts += [{"type": "image_url", "image_url": {"url": _image_url(i)}} for i in images]
+        out["content"] = parts
+    if message.get("thinking"):
+        out["reasoning_content"] = message["thinking"]
+    calls = message.get("tool_calls") or ()
+    if calls:
+        out["tool_calls"] = [_openai_tool_call(call, index, n) for n, call in enumerate(calls)]
+    if role == "tool":
+        if message.get("tool_name"):
+            out["name"] = message["tool_name"]
+        if message.get("tool_call_id"):
+            out["tool_call_id"] = message["tool_call_id"]
+    return out
+
+
+def _openai_tool_call(call: Mapping[str, Any], message_index: int, n: int) -> dict[str, Any]:
+    function = call.get("function", {})
+    arguments = function.get("arguments", {})
+    return {
+        "id": call.get("id") or f"call_{message_index}_{n}",
+        "type": "function",
+        "function": {
+            "name": function.get("name", ""),
+            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+        },
+    }
+
+
+class RunnerReportedError(Exception):
+    """An error event inside a runner's stream (e.g. context overflow)."""
+
+    def __init__(self, message: str, code: int = 500, kind: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.kind = kind
+
+
+def parse_sse_line(line: str) -> dict[str, Any] | None:
+    """The JSON payload of one SSE line; None for blank lines, comments and ``[DONE]``."""
+    line = line.strip()
+    for prefix in ("data:", "error:"):
+        if line.startswith(prefix):
+            payload = line[len(prefix) :].strip()
+            if payload == "[DONE]":
+                return None
+            event = json.loads(payload)
+            if prefix == "error:" and "error" not in event:
+                event = {"error": event}
+            return event
+    return None
+
+
+def raise_for_error(event: Mapping[str, Any]) -> None:
+    error = event.get("error")
+    if error is None:
+        return
+    if isinstance(error, Mapping):
+        message = str(error.get("message", error))
+        raise RunnerReportedError(message, int(error.get("code", 500)), str(error.get("type", "")))
+    raise RunnerReportedError(str(error))
+
+
+def timing_counts(timings: Mapping[str, Any] | None) -> dict[str, int]:
+    """llama.cpp timings -> Ollama's prompt_eval/eval counts and durations (ns)."""
+    t = timings or {}
+    return {
+        "prompt_eval_count": int(t.get("prompt_n", 0) or 0),
+        "prompt_eval_duration": round(float(t.get("prompt_ms", 0.0) or 0.0) * 1e6),
+        "eval_count": int(t.get("predicted_n", 0) or 0),
+        "eval_duration": round(float(t.get("predicted_ms", 0.0) or 0.0) * 1e6),
+    }
+
+
+class CompletionStream:
+    """Parses ``/completion`` and ``/infill`` stream events."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
+        raise_for_error(event)
+        content = event.get("content") or ""
+        if not event.get("stop"):
+            return [Chunk(content=content)] if content else []
+        self.done = True
+        reason = "length" if event.get("stop_type") == "limit" else "stop"
+        final = Chunk(done=True, done_reason=reason, **timing_counts(event.get("timings")))
+        return [Chunk(content=content), final] if content else [final]
+
+    def finish(self) -> list[Chunk]:
+        return []
+
+
+@dataclass
+class _ToolCall:
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass
+class ChatStream:
+    """Parses ``/v1/chat/completions`` stream events; tool calls are joined from deltas."""
+
+    done: bool = False
+    _finish_reason: str | None = None
+    _timings: Mapping[str, Any] | None = None
+    _calls: dict[int, _ToolCall] = field(default_factory=dict)
+
+    def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
+        raise_for_error(event)
+        if event.get("timings"):
+            self._timings = event["timings"]
+        chunks: list[Chunk] = []
+        for choice in event.get("choices") or ():
+            delta = choice.get("delta") or {}
+            content = delta.get("content") or ""
+            thinking = delta.get("reasoning_content") or ""
+            if content or thinking:
+                chunks.append(Chunk(content=content, thinking=thinking))
+            for call in delta.get("tool_calls") or ():
+                self._add_tool_delta(call)
+            if choice.get("finish_reason"):
+                self._finish_reason = choice["finish_reason"]
+        return chunks
+
+    def _add_tool_delta(self, delta: Mapping[str, Any]) -> None:
+        call = self._calls.setdefault(int(delta.get("index", len(self._calls))), _ToolCall())
+        call.id = delta.get("id") or call.id
+        function = delta.get("function") or {}
+        call.name += function.get("name") or ""
+        call.arguments += function.get("arguments") or ""
+
+    def finish(self) -> list[Chunk]:
+        """The closing chunks, once the stream has ended (``[DONE]``)."""
+        if self._finish_reason is None:
+            return []
+        self.done = True
+        chunks = []
+        if self._calls:
+            calls = [self._calls[i] for i in sorted(self._calls)]
+            chunks.append(Chunk(tool_calls=[_ollama_tool_call(c) for c in calls]))
+        reason = "length" if self._finish_reason == "length" else "stop"
+        chunks.append(Chunk(done=True, done_reason=reason, **timing_counts(self._timings)))
+        return chunks
+
+
+def _ollama_tool_call(call: _ToolCall) -> dict[str, Any]:
+    try:
+        arguments: Any = json.loads(call.arguments) if call.arguments else {}
+    except json.JSONDecodeError:
+        arguments = call.arguments
+    out: dict[str, Any] = {"function": {"name": call.name, "arguments": arguments}}
+    if call.id:
+        out["id"] = call.id
+    return out
+
+
+def embedding_vectors(
+    response: Mapping[str, Any], count: int, dimensions: int | None = None
+) -> list[list[float]]:
+    """Vectors from a ``/v1/embeddings`` response, in input order, L2-normalised
+    (after truncation to ``dimensions``, as Ollama does)."""
+    data = sorted(response.get("data") or (), key=lambda d: int(d.get("index", 0)))
+    if len(data) != count:
+        raise RunnerReportedError(f"runner returned {len(data)} embeddings for {count} inputs")
+    return [normalise(d["embedding"][:dimensions] if dimensions else d["embedding"]) for d in data]
+
+
+def normalise(vector: Sequence[float]) -> list[float]:
+    norm = math.sqrt(math.fsum(x * x for x in vector))
+    return [float(x) / norm for x in vector] if norm > 0 else [float(x) for x in vector]

@@ -1,0 +1,584 @@
+"""Engines backed by a runner subprocess (Ollama's ``LlamaServer``).
+
+``ProcessEngineFactory.open(spec)`` starts ``python -m ollamatrio.runner`` inside its own
+nursery, sends it a :class:`~ollamatrio.runner.options.RunnerConfig` on stdin (the API key
+never touches argv), waits for its ready line under a stall timeout that every stderr line
+extends, and talks to llama.cpp's HTTP server over the runner's Unix socket with one
+``httpx.AsyncClient``.
+
+Lifetimes: the process lives exactly as long as the ``async with``.  Leaving it sends
+SIGTERM, waits ``kill_grace`` seconds, then SIGKILLs, and always reaps.  If the runner dies
+on its own, calls in flight raise :class:`RunnerCrashedError` (with the signal name and the
+last error line) and the body of the ``async with`` is cancelled, so the same error comes
+out of it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import trio
+
+import ollamatrio
+from ollamatrio.engines.llamacpp_wire import (
+    ChatStream,
+    CompletionStream,
+    RunnerReportedError,
+    chat_request,
+    completion_request,
+    embedding_vectors,
+    parse_sse_line,
+    raise_for_error,
+)
+from ollamatrio.engines.protocol import (
+    Chunk,
+    CompletionRequest,
+    Embeddings,
+    LoadSpec,
+    MemoryUsage,
+)
+from ollamatrio.errors import (
+    CapabilityError,
+    InvalidRequestError,
+    OutOfMemoryError,
+    RunnerCrashedError,
+    RunnerError,
+    RunnerStartError,
+)
+from ollamatrio.runner.logs import LineTail, llama_error_text
+from ollamatrio.runner.options import RunnerConfig, is_oom
+
+if TYPE_CHECKING:
+    from ollamatrio.config import Settings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOAD_TIMEOUT = 300.0  # Ollama: 5 minutes without progress
+KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+EXIT_REPORT_WAIT = 1.0  # how long a failed request waits to learn that the runner died
+STDERR_SETTLE = 0.3  # how long to wait for the last stderr bytes of a dead runner
+HEALTH_TIMEOUT = 5.0
+STDERR_TAIL_BYTES = 8192
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+class ProcessEngineFactory:
+    """Opens :class:`ProcessEngine` instances: one runner subprocess per loaded model."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        load_timeout: float | None = None,
+        kill_grace: float = KILL_GRACE,
+        verbosity: int | None = None,
+        cache_ram_mib: int = 0,
+        python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``settings`` supplies ``load_timeout`` (OLLAMA_LOAD_TIMEOUT) and the log level
+        (OLLAMA_DEBUG); keyword arguments override them."""
+        if load_timeout is None:
+            load_timeout = settings.load_timeout if settings is not None else DEFAULT_LOAD_TIMEOUT
+        if verbosity is None:
+            verbosity = 3 if settings is not None and settings.debug > 0 else 1
+        self.load_timeout = math.inf if load_timeout <= 0 else load_timeout
+        self.kill_grace = kill_grace
+        self.verbosity = verbosity
+        self.cache_ram_mib = cache_ram_mib
+        self.python = python
+        self.env = dict(os.environ if env is None else env)
+
+    def _runner_env(self, spec: LoadSpec) -> dict[str, str]:
+        env = dict(self.env)
+        env["GGML_NO_BACKTRACE"] = "1"  # no gdb attach on abort()
+        package_root = str(Path(ollamatrio.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_root, env.get("PYTHONPATH", "")) if p
+        )
+        if spec.num_gpu != 0 and spec.gpu_ids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpu_ids)
+        return env
+
+    @asynccontextmanager
+    async def open(self, spec: LoadSpec) -> AsyncIterator[ProcessEngine]:
+        socket_dir = tempfile.mkdtemp(prefix="ollamatrio-runner-")  # mode 0700
+        config = RunnerConfig(
+            spec=spec,
+            api_key=secrets.token_urlsafe(32),
+            socket_dir=socket_dir,
+            parent_pid=os.getpid(),
+            verbosity=self.verbosity,
+            cache_ram_mib=self.cache_ram_mib,
+        )
+        engine = ProcessEngine(config, self)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(engine._supervise)
+                try:
+                    yield engine
+                finally:
+                    engine._closing = True
+                    nursery.cancel_scope.cancel()  # -> SIGTERM, grace, SIGKILL, reap
+        except BaseExceptionGroup as group:
+            raise _collapse(group) from None
+        finally:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def _collapse(group: BaseExceptionGroup) -> BaseException:
+    """The one error inside ``group`` (a crash, a start failure, the body's own error), or
+    the group itself when it really holds different errors.  A crash seen both by the
+    supervisor and by a request in the body is one event, reported once."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    if len(leaves) == 1 or all(isinstance(e, RunnerCrashedError) for e in leaves):
+        return leaves[0]
+    return group
+
+
+class RunnerClient:
+    """llama.cpp's HTTP API on a runner's Unix socket, in Ollama's terms."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        context_length: int,
+        num_parallel: int = 1,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._name = name
+        self._context_length = context_length
+        self._client = client
+        self._slots = trio.Semaphore(max(1, num_parallel))  # Ollama's per-runner semaphore
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise RunnerError("the runner is not ready")
+        return self._client
+
+    @property
+    def context_length(self) -> int:
+        return self._context_length
+
+    async def _runner_gone(self, exc: BaseException | None) -> RunnerError:
+        """The error for a request whose connection to the runner failed."""
+        return RunnerError(f"lost the connection to the model runner: {exc}")
+
+    def _reported(self, exc: RunnerReportedError) -> Exception:
+        message = str(exc)
+        if is_oom(message):
+            return OutOfMemoryError(message)
+        if exc.code == 501:
+            return CapabilityError(message)
+        if 400 <= exc.code < 500:
+            return InvalidRequestError(message)
+        return RunnerError(message)
+
+    async def _error_from_response(self, response: httpx.Response) -> Exception:
+        await response.aread()
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = {"error": {"message": response.text, "code": response.status_code}}
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict):
+            error.setdefault("code", response.status_code)
+            body = {"error": error}
+        else:
+            body = {"error": {"message": str(error or body), "code": response.status_code}}
+        try:
+            raise_for_error(body)
+        except RunnerReportedError as exc:
+            return self._reported(exc)
+        return RunnerError(f"runner answered HTTP {response.status_code}")
+
+    async def _post_json(self, path: str, body: Mapping[str, Any]) -> Any:
+        try:
+            response = await self.client.post(path, json=body)
+        except httpx.TransportError as exc:
+            raise await self._runner_gone(exc) from exc
+        if response.status_code != 200:
+            raise await self._error_from_response(response)
+        return response.json()
+
+    @asynccontextmanager
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
+        """Stream a generation: prompt -> ``/completion``, messages -> chat completions."""
+        if request.messages is not None:
+            path, body = chat_request(request, self.context_length, self._name)
+            parser: ChatStream | CompletionStream = ChatStream()
+        else:
+            path, body = completion_request(request, self.context_length)
+            parser = CompletionStream()
+        async with self._slots:
+            http_request = self.client.build_request("POST", path, json=body)
+            try:
+                response = await self.client.send(http_request, stream=True)
+            except httpx.TransportError as exc:
+                raise await self._runner_gone(exc) from exc
+            stream = _ChunkStream(self, response, parser)
+            try:
+                if response.status_code != 200:
+                    raise await self._error_from_response(response)
+                yield stream
+            finally:
+                # Closing the connection is what tells llama.cpp to stop and free the slot.
+                with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+                    await stream.aclose()
+
+    async def embed(
+        self, inputs: Sequence[str], *, truncate: bool = True, dimensions: int | None = None
+    ) -> Embeddings:
+        texts: list[str | list[int]] = list(inputs)
+        if truncate:
+            texts = [await self._truncated(text) for text in inputs]
+        async with self._slots:
+            response = await self._post_json(
+                "/v1/embeddings",
+                {"input": texts, "encoding_format": "float", "model": self._name},
+            )
+        try:
+            vectors = embedding_vectors(response, len(texts), dimensions)
+        except RunnerReportedError as exc:
+            raise RunnerError(str(exc)) from exc
+        usage = response.get("usage") or {}
+        return Embeddings(vectors=vectors, prompt_eval_count=int(usage.get("prompt_tokens", 0)))
+
+    async def _truncated(self, text: str) -> str | list[int]:
+        """``text``, or its first tokens when it cannot fit the context (Ollama's truncate)."""
+        limit = self.context_length
+        if len(text.encode()) + 2 <= limit:  # a token covers at least one byte
+            return text
+        tokens = await self.tokenize(text)
+        return tokens[:limit] if len(tokens) > limit else text
+
+    async def tokenize(self, text: str) -> list[int]:
+        body = {"content": text, "add_special": False, "parse_special": True}
+        return [int(t) for t in (await self._post_json("/tokenize", body))["tokens"]]
+
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        return str((await self._post_json("/detokenize", {"tokens": list(tokens)}))["content"])
+
+    async def healthy(self) -> bool:
+        if self._client is None:
+            return False
+        with trio.move_on_after(HEALTH_TIMEOUT):
+            try:
+                response = await self._client.get("/health")
+            except httpx.HTTPError:
+                return False
+            return response.status_code == 200 and response.json().get("status") == "ok"
+        return False
+
+    async def slots(self) -> list[dict[str, Any]]:
+        """llama.cpp's ``/slots`` (``is_processing`` per slot)."""
+        return list(await self._get_json("/slots"))
+
+    async def metrics(self) -> str:
+        try:
+            response = await self.client.get("/metrics")
+        except httpx.TransportError as exc:
+            raise await self._runner_gone(exc) from exc
+        return response.text
+
+    async def _get_json(self, path: str) -> Any:
+        try:
+            response = await self.client.get(path)
+        except httpx.TransportError as exc:
+            raise await self._runner_gone(exc) from exc
+        if response.status_code != 200:
+            raise await self._error_from_response(response)
+        return response.json()
+
+
+@asynccontextmanager
+async def open_http_client(socket: str, api_key: str) -> AsyncIterator[httpx.AsyncClient]:
+    """One client per runner: no read timeout (Trio scopes own deadlines), no keep-alive."""
+    transport = httpx.AsyncHTTPTransport(
+        uds=socket,
+        limits=httpx.Limits(max_keepalive_connections=0),  # engine.md §4 trap 2
+    )
+    headers = {"Authorization": f"Bearer {api_key}"}
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://runner", headers=headers, timeout=None
+    ) as client:
+        yield client
+
+
+class ProcessEngine(RunnerClient):
+    """A model loaded in a runner subprocess; valid inside its factory's ``open`` block."""
+
+    def __init__(self, config: RunnerConfig, factory: ProcessEngineFactory) -> None:
+        super().__init__(
+            name=config.spec.name,
+            context_length=config.spec.num_ctx,
+            num_parallel=config.spec.num_parallel,
+        )
+        self._config = config
+        self._factory = factory
+        self._spec = config.spec
+        self._tail = LineTail(STDERR_TAIL_BYTES)
+        self._exited = trio.Event()
+        self._stderr_closed = trio.Event()
+        self._stall: trio.CancelScope | None = None
+        self._process: trio.Process | None = None
+        self._closing = False
+        self.ready: dict[str, Any] = {}  # the runner's ready line
+
+    # -- Engine protocol: facts --------------------------------------------------------
+
+    @property
+    def spec(self) -> LoadSpec:
+        return self._spec
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode if self._process is not None else None
+
+    @property
+    def memory(self) -> MemoryUsage:
+        measured = self.ready.get("memory") or {}
+        vram = {str(k): int(v) for k, v in (measured.get("vram_by_gpu") or {}).items()}
+        host = int(measured.get("rss") or measured.get("uss") or 0)
+        return MemoryUsage(total=host + sum(vram.values()), vram_by_gpu=vram)
+
+    @property
+    def stderr_lines(self) -> list[str]:
+        return self._tail.lines
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    async def _supervise(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """Run the runner: spawn, wait until ready, then watch for an unrequested exit."""
+        argv = [self._factory.python, "-m", "ollamatrio.runner"]
+        async with trio.open_nursery() as nursery:
+            process: trio.Process = await nursery.start(
+                partial(
+                    self._run_process,
+                    argv,
+                    env=self._factory._runner_env(self._spec),
+                )
+            )
+            self._process = process
+            assert process.stdin is not None
+            assert process.stderr is not None
+            nursery.start_soon(self._drain_stderr, process.stderr)
+            try:
+                await process.stdin.send_all(self._config.to_json().encode() + b"\n")
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # it died at once; the ready wait reports why
+            self.ready = await self._wait_ready(process)
+            self._context_length = int(self.ready.get("context_length") or self._spec.num_ctx)
+            async with open_http_client(self.ready["socket"], self._config.api_key) as client:
+                self._client = client
+                task_status.started()
+                await self._exited.wait()
+                if not self._closing:
+                    raise RunnerCrashedError(await self._crash_message(), self.returncode)
+
+    async def _run_process(
+        self, argv: list[str], *, env: dict[str, str], task_status: trio.TaskStatus[trio.Process]
+    ) -> None:
+        try:
+            await trio.run_process(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                check=False,
+                deliver_cancel=self._terminate_then_kill,
+                task_status=task_status,
+            )
+        finally:
+            self._exited.set()
+
+    async def _terminate_then_kill(self, process: trio.Process) -> None:
+        process.terminate()
+        with trio.move_on_after(self._factory.kill_grace):
+            await process.wait()
+        if process.returncode is None:
+            log.warning("runner %s ignored SIGTERM; killing it", process.pid)
+            process.kill()
+
+    async def _drain_stderr(self, stream: trio.abc.ReceiveStream) -> None:
+        try:
+            async for data in stream:
+                for line in self._tail.feed(data):
+                    log.debug("runner: %s", line, extra={"model": self._spec.name})
+                if self._stall is not None:
+                    self._stall.relative_deadline = self._factory.load_timeout  # progress
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self._tail.flush()
+            self._stderr_closed.set()
+
+    async def _wait_ready(self, process: trio.Process) -> dict[str, Any]:
+        assert process.stdout is not None
+        buffer = b""
+        with trio.move_on_after(self._factory.load_timeout) as stall:
+            self._stall = stall
+            try:
+                while b"\n" not in buffer:
+                    data = await process.stdout.receive_some(65536)
+                    if not data:
+                        break
+                    buffer += data
+            finally:
+                self._stall = None
+        if stall.cancelled_caught:
+            last = self._tail.error_text()
+            raise RunnerStartError(
+                "timed out waiting for llama runner to start"
+                + (f" - {last}" if last else f": no progress for {self._factory.load_timeout:g}s")
+            )
+        line = buffer.split(b"\n", 1)[0].strip()
+        if not line:  # stdout closed: the runner died while loading
+            raise RunnerStartError(await self._crash_message(during_load=True))
+        event: dict[str, Any] = _json_line(line)
+        if event.get("event") == "ready":
+            return event
+        error = str(event.get("error") or "unknown error")
+        cls = OutOfMemoryError if event.get("oom") or is_oom(error) else RunnerStartError
+        raise cls(f"llama runner failed to load model {self._spec.name!r}: {error}")
+
+    async def _crash_message(self, *, during_load: bool = False) -> str:
+        with trio.move_on_after(EXIT_REPORT_WAIT):
+            await self._exited.wait()
+        with trio.move_on_after(STDERR_SETTLE):
+            await self._stderr_closed.wait()
+        reason = self._tail.error_text()
+        if reason is None and during_load:
+            reason = _load_log_error(self._config.socket_dir)
+        what = "llama runner process has terminated"
+        exit_text = describe_exit(self.returncode)
+        return f"{what}: {exit_text}" + (f": {reason}" if reason else "")
+
+    async def _runner_gone(self, exc: BaseException | None) -> RunnerError:
+        with trio.move_on_after(EXIT_REPORT_WAIT):
+            await self._exited.wait()
+        if self._exited.is_set() and not self._closing:
+            return RunnerCrashedError(
+                "model runner has unexpectedly stopped: " + await self._crash_message(),
+                self.returncode,
+            )
+        return await super()._runner_gone(exc)
+
+    async def healthy(self) -> bool:
+        return not self._exited.is_set() and await super().healthy()
+
+
+class _ChunkStream:
+    """Pull-based iterator over one streamed response (no task of its own)."""
+
+    def __init__(
+        self,
+        engine: RunnerClient,
+        response: httpx.Response,
+        parser: ChatStream | CompletionStream,
+    ) -> None:
+        self._engine = engine
+        self._response = response
+        self._lines = response.aiter_lines()
+        self._parser = parser
+        self._pending: list[Chunk] = []
+        self._finished = False
+
+    def __aiter__(self) -> _ChunkStream:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        while not self._pending:
+            if self._finished:
+                raise StopAsyncIteration
+            await self._read_event()
+        return self._pending.pop(0)
+
+    async def _read_event(self) -> None:
+        try:
+            line = await self._lines.__anext__()
+        except StopAsyncIteration:
+            line = None
+        except httpx.TransportError as exc:
+            raise await self._engine._runner_gone(exc) from exc
+        if line is None or line.strip() == "data: [DONE]":
+            self._pending.extend(self._parser.finish())
+            self._finished = True
+            if not self._parser.done:  # the stream stopped without its final event
+                raise await self._engine._runner_gone(None)
+            return
+        try:
+            event = parse_sse_line(line)
+            if event is not None:
+                self._pending.extend(self._parser.feed(event))
+        except RunnerReportedError as exc:
+            raise self._engine._reported(exc) from None
+        if isinstance(self._parser, CompletionStream) and self._parser.done:
+            self._finished = True
+
+    async def aclose(self) -> None:
+        await self._lines.aclose()  # type: ignore[attr-defined]  # an async generator
+        await self._response.aclose()
+
+
+def _json_line(line: bytes) -> dict[str, Any]:
+    try:
+        event = json.loads(line)
+    except ValueError as exc:
+        raise RunnerStartError(f"runner printed an unexpected line: {line[:200]!r}") from exc
+    if not isinstance(event, dict):
+        raise RunnerStartError(f"runner printed an unexpected line: {line[:200]!r}")
+    return event
+
+
+def _load_log_error(socket_dir: str) -> str | None:
+    """llama.cpp's error text from the runner's load log (survives an abort during load)."""
+    try:
+        with open(os.path.join(socket_dir, "load.log"), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - STDERR_TAIL_BYTES))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    return llama_error_text(text.splitlines())

@@ -1,0 +1,263 @@
+"""``python -m ollamatrio.runner``: host one model in llama.cpp's own HTTP server.
+
+Protocol with the client (:mod:`ollamatrio.engines.process`):
+
+* stdin, first line: a :class:`~ollamatrio.runner.options.RunnerConfig` as JSON (the API key
+  never appears on the command line).  stdin then stays open: its EOF means the client died.
+* stdout: exactly one JSON line, ``{"event": "ready", ...}`` or ``{"event": "error", ...}``.
+* stderr: llama.cpp's log, forwarded.
+* The server listens on ``<socket_dir>/llama.sock`` and wants ``Authorization: Bearer <key>``.
+
+The runner exits on stdin EOF, SIGTERM or SIGINT, and (Linux) when its parent dies.  It
+leaves with ``os._exit``: llama.cpp's teardown can hang joining its threads, and the kernel
+frees everything anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import psutil
+import trio
+
+from ollamatrio.runner.options import (
+    POOLING_TYPES,
+    GpuFacts,
+    LoadPlan,
+    ModelFacts,
+    RunnerConfig,
+    is_oom,
+    plan_load,
+)
+
+_PR_SET_PDEATHSIG = 1
+# The kernel sends the parent-death signal when the parent *thread* that spawned us exits
+# (Trio spawns from a worker thread that idles out after seconds), so it is a dedicated
+# signal that only means "check whether the parent process is still there".
+PARENT_DEATH_SIGNAL = signal.SIGUSR1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Second line of defence after stdin EOF: the kernel signals us when the parent dies."""
+    if not sys.platform.startswith("linux"):
+        return
+
+    def check_parent(signum: int, frame: object) -> None:  # until Trio's receiver takes over
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    signal.signal(PARENT_DEATH_SIGNAL, check_parent)
+    with contextlib.suppress(OSError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
+
+
+def _read_config_line() -> str:
+    """Read stdin's first line byte by byte, so no buffered reader swallows the EOF later."""
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte:
+            break
+        data += byte
+    return data.decode()
+
+
+_protocol_fd = 1  # the real stdout, reserved for the one event line (see main)
+
+
+def _emit(event: dict[str, Any]) -> None:
+    os.write(_protocol_fd, (json.dumps(event, separators=(",", ":")) + "\n").encode())
+
+
+def _model_facts(path: str) -> ModelFacts:
+    """Header facts for the load rules; a file our reader rejects goes to llama.cpp anyway,
+    whose own error text is the one users should see."""
+    from ollamatrio.errors import GGUFError
+    from ollamatrio.gguf import read_gguf
+
+    try:
+        info = read_gguf(path)
+    except (GGUFError, OSError, ValueError):
+        try:
+            return ModelFacts(file_size=os.path.getsize(path))
+        except OSError:
+            return ModelFacts()
+    pooling = info.pooling_type  # gguf.PoolingType: NONE, MEAN, CLS, LAST, RANK
+    known = pooling is not None and 0 <= pooling < len(POOLING_TYPES)
+    return ModelFacts(
+        train_ctx=info.context_length,
+        pooling=POOLING_TYPES[pooling] if known else None,
+        file_size=info.file_size,
+    )
+
+
+def _gpu_facts(config: RunnerConfig) -> tuple[GpuFacts, ...]:
+    spec = config.spec
+    if spec.num_gpu == 0 or not spec.gpu_ids:
+        return ()
+    from ollamatrio.runner.measure import cuda_gpu_facts
+
+    found = cuda_gpu_facts(spec.gpu_ids)
+    return tuple(GpuFacts("CUDA", major, minor, driver) for major, minor, driver in found)
+
+
+def _load(config: RunnerConfig) -> tuple[Any, LoadPlan, str | None]:
+    """Plan and load (blocking; runs in a worker thread).  Returns (server or None, plan, error)."""
+    from ollamatrio.runner.capture import CapturedStderr
+
+    plan = plan_load(
+        config.spec,
+        _model_facts(config.spec.model_path),
+        gpus=_gpu_facts(config),
+        free_ram=psutil.virtual_memory().available,
+    )
+    for warning in plan.warnings:
+        print(f"ollamatrio runner: warning: {warning}", file=sys.stderr, flush=True)
+
+    import xllamacpp
+
+    from ollamatrio.runner.llama import build_params
+
+    params = build_params(config, plan)
+    with CapturedStderr(os.path.join(config.socket_dir, "load.log")) as captured:
+        try:
+            server = xllamacpp.Server(params)
+        except (RuntimeError, ValueError) as exc:
+            server, generic = None, str(exc)
+    if server is None:
+        return None, plan, captured.error_text() or generic
+    return server, plan, None
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """The standard library's HTTP client on a Unix socket (httpx would cost an import)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__("runner", timeout=10.0)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def _slot_context(config: RunnerConfig, plan: LoadPlan) -> int:
+    """Per-slot context as llama.cpp really allocated it (it may round), from ``/slots``."""
+    from ollamatrio.runner.llama import socket_path
+
+    connection = _UnixHTTPConnection(socket_path(config))
+    try:
+        connection.request("GET", "/slots", headers={"Authorization": f"Bearer {config.api_key}"})
+        slots = json.loads(connection.getresponse().read())
+    finally:
+        connection.close()
+    return int(slots[0]["n_ctx"]) if slots else plan.ctx_per_slot
+
+
+async def _exit_on_stdin_eof(done: trio.CancelScope) -> None:
+    stdin = trio.lowlevel.FdStream(os.dup(0))
+    async with stdin:
+        while await stdin.receive_some(4096):
+            pass
+    done.cancel()
+
+
+async def _exit_on_signal(done: trio.CancelScope, parent_pid: int) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, PARENT_DEATH_SIGNAL) as signals:
+        async for signum in signals:
+            if signum == PARENT_DEATH_SIGNAL and os.getppid() == parent_pid:
+                continue  # only the spawning thread ended; the parent process lives on
+            done.cancel()
+            return
+
+
+async def serve(config: RunnerConfig) -> int:
+    """Load, report, and hold the server until told to go.  Returns the exit code."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_exit_on_stdin_eof, nursery.cancel_scope)
+        nursery.start_soon(_exit_on_signal, nursery.cancel_scope, config.parent_pid)
+        started = time.monotonic()
+        # Abandoning the loading thread on cancel is safe: the process exits right after.
+        server, plan, error = await trio.to_thread.run_sync(_load, config, abandon_on_cancel=True)
+        if server is None:
+            _emit({"event": "error", "error": error, "oom": is_oom(error or "")})
+            nursery.cancel_scope.cancel()
+            return 1
+        load_seconds = time.monotonic() - started
+        context_length = await trio.to_thread.run_sync(_slot_context, config, plan)
+        from ollamatrio.runner.measure import measure
+
+        memory = await trio.to_thread.run_sync(measure)
+        from ollamatrio.runner.llama import socket_path
+
+        _emit(
+            {
+                "event": "ready",
+                "socket": socket_path(config),
+                "pid": os.getpid(),
+                "context_length": context_length,
+                "memory": memory,
+                "load_seconds": round(load_seconds, 4),
+                "plan": {
+                    "n_ctx": plan.n_ctx,
+                    "n_parallel": plan.n_parallel,
+                    "n_batch": plan.n_batch,
+                    "n_ubatch": plan.n_ubatch,
+                    "flash_attention": plan.flash_attention,
+                    "kv_cache_type": plan.kv_cache_type,
+                    "use_mmap": plan.use_mmap,
+                    "embedding": plan.embedding,
+                    "pooling": plan.pooling,
+                    "n_gpu_layers": plan.n_gpu_layers,
+                    "warnings": list(plan.warnings),
+                },
+            }
+        )
+        await trio.sleep_forever()  # `server` stays referenced until the process ends
+    return 0
+
+
+def main() -> None:
+    global _protocol_fd
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb attach on abort()
+    # Anything else written to stdout (llama.cpp prints plain log lines there) goes to
+    # stderr, which the client drains; an unread stdout pipe would fill and block a writer.
+    _protocol_fd = os.dup(1)
+    os.dup2(2, 1)
+    line = _read_config_line()
+    if not line.strip():
+        os._exit(2)  # the client died before sending anything
+    config = RunnerConfig.from_json(line)
+    if not config.parent_pid:
+        config = dataclasses.replace(config, parent_pid=os.getppid())
+    _die_with_parent(config.parent_pid)
+    if os.getppid() != config.parent_pid:
+        os._exit(1)  # the parent died before PDEATHSIG was armed
+    code = 1
+    try:
+        code = trio.run(serve, config)
+    except BaseException as exc:  # report, then leave without llama.cpp's teardown
+        with contextlib.suppress(OSError):
+            print(f"ollamatrio runner: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(config.socket_dir, ignore_errors=True)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Turn a :class:`LoadPlan` into xllamacpp ``CommonParams`` (the only module importing it)."""
+
+from __future__ import annotations
+
+import xllamacpp as xlc
+
+from ollamatrio.runner.options import LoadPlan, RunnerConfig
+
+_FLASH = {
+    "auto": xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+_TENSOR_SPLIT_LEN = 128  # llama.cpp's fixed-size array
+
+
+def socket_path(config: RunnerConfig) -> str:
+    # llama.cpp binds a Unix socket only for hostnames ending in ".sock".
+    return f"{config.socket_dir}/llama.sock"
+
+
+def build_params(config: RunnerConfig, plan: LoadPlan) -> xlc.CommonParams:
+    spec = config.spec
+    p = xlc.CommonParams()
+    p.model.path = spec.model_path
+    p.model_alias = {spec.name}  # a set: a str would become a set of characters
+    p.hostnames = [socket_path(config)]
+    p.api_keys = [config.api_key]
+    p.endpoint_metrics = True
+    p.endpoint_slots = True
+    p.verbosity = config.verbosity
+    p.cache_ram_mib = config.cache_ram_mib
+    p.fit_params = False  # the scheduler decides sizes; no dry-run load
+
+    p.n_ctx = plan.n_ctx
+    p.n_parallel = plan.n_parallel
+    p.n_batch = plan.n_batch
+    p.n_ubatch = plan.n_ubatch
+    if spec.num_thread > 0:
+        p.cpuparams.n_threads = spec.num_thread
+        p.cpuparams_batch.n_threads = spec.num_thread
+    p.flash_attn_type = _FLASH[plan.flash_attention]
+    kv = xlc.ggml_type[f"GGML_TYPE_{plan.kv_cache_type.upper()}"]
+    p.cache_type_k = kv
+    p.cache_type_v = kv
+    p.load_mode = (
+        xlc.llama_load_mode.LLAMA_LOAD_MODE_MMAP
+        if plan.use_mmap
+        else xlc.llama_load_mode.LLAMA_LOAD_MODE_NONE
+    )
+
+    p.n_gpu_layers = plan.n_gpu_layers
+    if spec.main_gpu is not None:
+        p.main_gpu = spec.main_gpu
+        p.split_mode = xlc.llama_split_mode.LLAMA_SPLIT_MODE_NONE
+    if spec.tensor_split:
+        split = list(spec.tensor_split)[:_TENSOR_SPLIT_LEN]
+        p.tensor_split = split + [0.0] * (_TENSOR_SPLIT_LEN - len(split))
+
+    if plan.embedding:
+        p.embedding = True
+    if plan.pooling is not None:
+        p.pooling_type = xlc.llama_pooling_type[f"LLAMA_POOLING_TYPE_{plan.pooling.upper()}"]
+    if spec.adapters:
+        p.lora_adapters = [xlc.CommonAdapterLoraInfo(path, 1.0) for path in spec.adapters]
+    if spec.projector:
+        p.mmproj.path = spec.projector
+    if spec.chat_template:
+        p.chat_template = spec.chat_template
+    return p
