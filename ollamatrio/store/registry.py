@@ -1,0 +1,352 @@
+"""Pulling models from an Ollama registry (the OCI distribution protocol) into the store.
+
+::
+
+    GET {scheme}://{host}/v2/{namespace}/{model}/manifests/{tag}   the manifest
+    GET {scheme}://{host}/v2/{namespace}/{model}/blobs/{digest}    each layer and the config
+
+``https`` unless ``insecure`` (then ``http``, as Ollama does).  Progress is reported with
+Ollama's statuses: "pulling manifest", "pulling <12 hex>" (``digest``, ``total``,
+``completed``), "verifying sha256 digest", "writing manifest", "removing unused layers"
+(when a pull replaced layers of an older version), "success".  The manifest is written only
+after every blob is in place and verified, so an interrupted or corrupt download never
+leaves a broken model; what was downloaded stays as resumable partial files.
+
+Two entry points share :func:`run_pull`:
+
+* :func:`pull_progress`, an ``@trio.as_safe_channel`` generator for the CLI and tests;
+* :func:`start_pull`, which runs the pull as a task in a long-lived nursery (the app's) and
+  returns a bounded receive channel, for HTTP handlers whose body generators must not hold
+  nurseries.  Closing that channel (the client went away) stops the pull.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from collections.abc import AsyncGenerator, Iterable, Iterator
+from typing import Any
+
+import httpx
+import trio
+
+from .._version import __version__
+from ..errors import ModelNotFoundError, OllamatrioError
+from .download import (
+    BlobDownload,
+    DownloadOptions,
+    PullError,
+    progress_event,
+    status_error,
+)
+from .manifest import MANIFEST_MEDIA_TYPE, Layer, Manifest, StoreError
+from .names import ModelName, parse_name
+from .store import ModelStore, PinSet
+
+__all__ = [
+    "DownloadOptions",
+    "PullError",
+    "fetch_manifest",
+    "open_registry_client",
+    "pull_progress",
+    "registry_url",
+    "run_pull",
+    "start_pull",
+]
+
+log = logging.getLogger("ollamatrio.store.registry")
+
+USER_AGENT = f"ollamatrio/{__version__}"
+MANIFEST_LIMIT = 4 << 20  # real manifests are a few KB
+
+Event = dict[str, Any]
+
+# Downloads in progress, per store: a second pull of the same blob follows the first one's
+# progress and takes over if it stops, instead of writing the same partial file.
+_active: weakref.WeakKeyDictionary[ModelStore, dict[str, BlobDownload]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def registry_url(name: ModelName, *, insecure: bool = False) -> str:
+    """Base URL of the repository ``name`` lives in: ``https://host/v2/namespace/model``."""
+    scheme = "http" if insecure else "https"
+    return f"{scheme}://{name.host}/v2/{name.namespace}/{name.model}"
+
+
+def open_registry_client(*, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+    """An ``AsyncClient`` for registries: no read timeout (stalls are detected per part)."""
+    return httpx.AsyncClient(
+        transport=transport,
+        timeout=httpx.Timeout(None, connect=30.0),
+        follow_redirects=True,
+        headers={"User-Agent": USER_AGENT},
+    )
+
+
+async def fetch_manifest(
+    client: httpx.AsyncClient, name: ModelName, *, insecure: bool = False
+) -> tuple[bytes, Manifest]:
+    """The manifest bytes as served, and their parsed, validated form."""
+    url = f"{registry_url(name, insecure=insecure)}/manifests/{name.tag}"
+    data = bytearray()
+    try:
+        headers = {"Accept": MANIFEST_MEDIA_TYPE}
+        async with client.stream("GET", url, headers=headers, follow_redirects=True) as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                raise PullError(status_error("pull model manifest", resp))
+            async for chunk in resp.aiter_bytes():
+                data += chunk
+                if len(data) > MANIFEST_LIMIT:
+                    raise PullError("pull model manifest: manifest is too large")
+    except httpx.TransportError as exc:
+        raise PullError(f"pull model manifest: {exc or type(exc).__name__}") from None
+    try:
+        manifest = Manifest.parse(bytes(data))
+    except StoreError as exc:
+        raise PullError(f"pull model manifest: {exc}") from None
+    return bytes(data), manifest
+
+
+@trio.as_safe_channel
+async def pull_progress(
+    store: ModelStore,
+    name: str | ModelName,
+    *,
+    insecure: bool = False,
+    client: httpx.AsyncClient | None = None,
+    options: DownloadOptions | None = None,
+) -> AsyncGenerator[Event, None]:
+    """Pull ``name`` into ``store``, yielding Ollama's progress dicts; raises on failure.
+
+    Use it as ``async with pull_progress(store, "llama3") as events: async for e in events``.
+    Leaving the block early cancels the pull (its partial files stay, to be resumed).
+    """
+    model = parse_name(name)
+    send, recv = trio.open_memory_channel[Event](0)
+    with _single_error():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_run_closing, send, store, model, insecure, client, options)
+            with recv:
+                async for event in recv:
+                    yield event
+
+
+def start_pull(
+    nursery: trio.Nursery,
+    store: ModelStore,
+    name: str | ModelName,
+    *,
+    insecure: bool = False,
+    client: httpx.AsyncClient | None = None,
+    options: DownloadOptions | None = None,
+    buffer: int = 16,
+) -> trio.MemoryReceiveChannel[Event]:
+    """Run a pull as a task in ``nursery``; progress dicts arrive on the returned channel.
+
+    A failure arrives as a last ``{"error": message}`` dict (Ollama's stream shape); the
+    channel closes when the pull ends.  Close the channel to stop the pull: its next
+    progress update meets ``BrokenResourceError`` and the task cancels its downloads.
+    An invalid name raises here, before anything starts.
+    """
+    model = parse_name(name)
+    send, recv = trio.open_memory_channel[Event](buffer)
+    nursery.start_soon(_pull_task, send, store, model, insecure, client, options)
+    return recv
+
+
+async def _run_closing(
+    send: trio.MemorySendChannel[Event],
+    store: ModelStore,
+    model: ModelName,
+    insecure: bool,
+    client: httpx.AsyncClient | None,
+    options: DownloadOptions | None,
+) -> None:
+    with send:
+        await run_pull(store, model, send, insecure=insecure, client=client, options=options)
+
+
+async def _pull_task(
+    send: trio.MemorySendChannel[Event],
+    store: ModelStore,
+    model: ModelName,
+    insecure: bool,
+    client: httpx.AsyncClient | None,
+    options: DownloadOptions | None,
+) -> None:
+    with send:
+        error: str | None = None
+        try:
+            await run_pull(store, model, send, insecure=insecure, client=client, options=options)
+        except trio.BrokenResourceError:
+            log.info("pull of %s stopped: nobody is listening", model.display_shortest)
+        except OllamatrioError as exc:
+            error = str(exc)
+        except Exception as exc:  # a pull must never take the app's nursery down with it
+            log.exception("pull of %s failed", model.display_shortest)
+            error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, OSError) else str(exc)
+        if error is not None:
+            log.info("pull of %s failed: %s", model.display_shortest, error)
+            with contextlib.suppress(trio.BrokenResourceError):
+                await send.send({"error": error})
+
+
+async def run_pull(
+    store: ModelStore,
+    name: str | ModelName,
+    send: trio.MemorySendChannel[Event],
+    *,
+    insecure: bool = False,
+    client: httpx.AsyncClient | None = None,
+    options: DownloadOptions | None = None,
+) -> None:
+    """The pull itself: progress dicts go to ``send`` (which it does not close)."""
+    model = parse_name(name)
+    options = options or DownloadOptions()
+    old_digests = await trio.to_thread.run_sync(_existing_digests, store, model)
+    async with contextlib.AsyncExitStack() as stack:
+        if client is None:
+            client = await stack.enter_async_context(open_registry_client())
+        await send.send({"status": "pulling manifest"})
+        raw, manifest = await fetch_manifest(client, model, insecure=insecure)
+        blobs_url = f"{registry_url(model, insecure=insecure)}/blobs"
+        owned: list[BlobDownload] = []
+        with store.pinned() as pins:
+            try:
+                for layer in _unique(manifest.all_layers()):
+                    url = f"{blobs_url}/{layer.digest}"
+                    download = await _pull_blob(store, layer, url, client, pins, send, options)
+                    if download is not None:
+                        owned.append(download)
+                await send.send({"status": "verifying sha256 digest"})
+                for download in owned:
+                    await download.verify_and_install(pins)
+            finally:
+                active = _active.get(store, {})
+                for download in owned:
+                    active.pop(download.digest, None)
+                    download.release()
+            await send.send({"status": "writing manifest"})
+            await trio.to_thread.run_sync(store.write_manifest, model, raw)
+        unused = old_digests - manifest.digests()
+        if unused and not store.noprune:
+            await send.send({"status": "removing unused layers"})
+            await trio.to_thread.run_sync(_remove_unreferenced, store, unused)
+        await send.send({"status": "success"})
+
+
+async def _pull_blob(
+    store: ModelStore,
+    layer: Layer,
+    url: str,
+    client: httpx.AsyncClient,
+    pins: PinSet,
+    send: trio.MemorySendChannel[Event],
+    options: DownloadOptions,
+) -> BlobDownload | None:
+    """Download one blob into its partial file; None if it was already in the store."""
+    active = _active.setdefault(store, {})
+    while True:
+        if await trio.to_thread.run_sync(store.pin_if_present, layer.digest, pins):
+            await send.send(progress_event(layer.digest, layer.size, layer.size))
+            return None
+        other = active.get(layer.digest)
+        if other is None:
+            break
+        await _report_until(other, send, lambda d: d.released.is_set())
+        # The other pull is done with it: present now, or ours to take over.
+
+    download = BlobDownload(store, layer.digest, layer.size, options)
+    active[layer.digest] = download  # claimed with no checkpoint since the check above
+    try:
+        await trio.to_thread.run_sync(download.prepare)
+        with _single_error():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(download.run, client, url)
+                await _report_until(download, send, lambda d: d.finished)
+    except BaseException:
+        active.pop(layer.digest, None)
+        download.release()
+        raise
+    return download
+
+
+async def _report_until(
+    download: BlobDownload, send: trio.MemorySendChannel[Event], done: Any
+) -> None:
+    """Send ``download``'s progress on every change, up to the state where ``done(download)``.
+
+    A slow reader gets the latest numbers, never a backlog: the download goes on while
+    this waits on ``send``.  While nothing changes the numbers are repeated every
+    ``heartbeat`` seconds (Ollama repeats them every 60 ms), so a closed channel is seen.
+    """
+    last: Event | None = None
+    while True:
+        # Both read before any await: a change during the send sets ``changed``, and the
+        # event sent last is the one read after ``done`` became true.
+        changed, finished = download.changed, done(download)
+        event = download.progress()
+        if event != last:
+            await send.send(event)
+            last = event
+        if finished:
+            return
+        with trio.move_on_after(download.options.heartbeat) as idle:
+            await changed.wait()
+        if idle.cancelled_caught:
+            last = None
+
+
+def _unique(layers: Iterable[Layer]) -> Iterator[Layer]:
+    seen: set[str] = set()
+    for layer in layers:
+        if layer.digest not in seen:
+            seen.add(layer.digest)
+            yield layer
+
+
+def _existing_digests(store: ModelStore, model: ModelName) -> set[str]:
+    try:
+        return store.read_manifest(model).digests()
+    except ModelNotFoundError:
+        return set()
+    except (StoreError, OSError) as exc:
+        log.warning("pulling %s over an unreadable manifest: %s", model, exc)
+        return set()
+
+
+def _remove_unreferenced(store: ModelStore, digests: set[str]) -> None:
+    # Blobs of the replaced version that no manifest uses any more (Ollama's
+    # deleteUnusedLayers).  The store has no public spelling of this yet.
+    store._remove_unreferenced(digests)
+
+
+@contextlib.contextmanager
+def _single_error() -> Iterator[None]:
+    """Turn a nursery's group of ordinary errors into one error a caller can catch.
+
+    A lone error is re-raised as itself; several become one :class:`PullError` listing
+    them.  Groups holding ``Cancelled`` or ``KeyboardInterrupt`` pass through untouched.
+    A ``GeneratorExit`` beside errors is dropped: a generator closed while its downloads
+    failed reports the failure (``trio.as_safe_channel`` expects exactly that).
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = [leaf for leaf in _leaves(group) if not isinstance(leaf, GeneratorExit)]
+        if not leaves or not all(isinstance(leaf, Exception) for leaf in leaves):
+            raise
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise PullError("; ".join(dict.fromkeys(str(leaf) for leaf in leaves))) from group
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
