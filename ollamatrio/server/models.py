@@ -1,0 +1,178 @@
+"""What the HTTP layer knows about a stored model: resolution, capabilities, the scheduler's
+:class:`ModelRequest`, and the ``/api/show`` document."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ..config import Settings
+from ..errors import CapabilityError, InvalidRequestError, ModelNotFoundError
+from ..gguf import ArraySummary, GGUFInfo, read_gguf
+from ..modelfile import Message, Modelfile, render_modelfile, render_parameters
+from ..scheduler import ModelRequest, Scheduler
+from ..store import Model, ModelStore, parse_name
+from .wire import rfc3339
+
+# Ollama empties metadata arrays longer than this in /api/show unless ``verbose``.
+SHOW_ARRAY_LIMIT = 5
+
+_THINKING_MARKERS = ("<think>", "enable_thinking", "reasoning_content", ".Thinking", "thinking")
+
+
+@dataclass
+class ApiContext:
+    """Everything a handler needs; one per app."""
+
+    scheduler: Scheduler
+    store: ModelStore
+    settings: Settings
+    _gguf: dict[str, GGUFInfo] = field(default_factory=dict)
+
+    async def resolve(self, name: str) -> Model:
+        """The stored model ``name`` (404 if absent, 400 for a bad name)."""
+        parse_name(name)  # a bad name is a 400 before any file is touched
+        model = await trio.to_thread.run_sync(self.store.resolve, name)
+        if model.model_path is None:
+            raise InvalidRequestError(f'"{name}" has no model weights')
+        return model
+
+    async def gguf(self, path: str) -> GGUFInfo:
+        """Header of a model file; blobs are content-addressed, so the cache never goes stale."""
+        info = self._gguf.get(path)
+        if info is None:
+            try:
+                info = await trio.to_thread.run_sync(read_gguf, path, abandon_on_cancel=True)
+            except FileNotFoundError:
+                raise ModelNotFoundError(f"model file {path} not found") from None
+            self._gguf[path] = info
+        return info
+
+    async def capabilities(self, model: Model) -> list[str]:
+        assert model.model_path is not None
+        return capabilities(model, await self.gguf(str(model.model_path)))
+
+    def model_request(
+        self,
+        model: Model,
+        options: Mapping[str, Any],
+        keep_alive: float | None,
+        caps: list[str],
+    ) -> ModelRequest:
+        template = model.template or ""
+        return ModelRequest(
+            name=model.short_name,
+            model_path=str(model.model_path),
+            options=options,
+            keep_alive=keep_alive,
+            adapters=tuple(str(p) for p in model.adapters),
+            projector=str(model.projectors[0]) if model.projectors else None,
+            embedding_only="embedding" in caps and "completion" not in caps,
+            # llama.cpp renders Jinja; a Go template layer cannot be applied (docs/api.md).
+            chat_template=template if "{%" in template else None,
+            digest=model.digest,
+            details=model.details.to_json(),
+        )
+
+
+class Capability(enum.StrEnum):
+    COMPLETION = "completion"
+    EMBEDDING = "embedding"
+    TOOLS = "tools"
+    INSERT = "insert"
+    VISION = "vision"
+    THINKING = "thinking"
+
+
+def capabilities(model: Model, info: GGUFInfo) -> list[str]:
+    """As Ollama derives them: embedding when the GGUF declares a pooling type, else
+    completion; tools/insert/thinking from the template; vision with a projector."""
+    caps = [Capability.EMBEDDING if info.pooling_type is not None else Capability.COMPLETION]
+    template = model.template or info.chat_template or ""
+    if "tools" in template:
+        caps.append(Capability.TOOLS)
+    if "suffix" in template.lower():
+        caps.append(Capability.INSERT)
+    if model.projectors:
+        caps.append(Capability.VISION)
+    if any(marker in template for marker in _THINKING_MARKERS):
+        caps.append(Capability.THINKING)
+    for extra in model.config.get("capabilities") or ():
+        if isinstance(extra, str) and extra not in caps:
+            caps.append(extra)
+    return [str(c) for c in caps]
+
+
+def require(name: str, caps: list[str], cap: str, label: str | None = None) -> None:
+    """400 ``"<model>" does not support <label>`` unless the model has ``cap``."""
+    if cap not in caps:
+        raise CapabilityError(f'"{name}" does not support {label or cap}')
+
+
+# -- /api/show -------------------------------------------------------------------------
+
+
+def _jsonable(value: Any, verbose: bool) -> Any:
+    if isinstance(value, ArraySummary):
+        return []  # the header reader does not decode long arrays
+    if isinstance(value, list | tuple):
+        if not verbose and len(value) > SHOW_ARRAY_LIMIT:
+            return []
+        return [_jsonable(v, verbose) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+def model_info(info: GGUFInfo, verbose: bool) -> dict[str, Any]:
+    out = {key: _jsonable(value, verbose) for key, value in info.metadata.items()}
+    out["general.parameter_count"] = info.parameter_count
+    return dict(sorted(out.items()))
+
+
+def modelfile_of(model: Model) -> str:
+    assert model.model_path is not None
+    mf = Modelfile(
+        models=(str(model.model_path), *(str(p) for p in model.projectors)),
+        adapters=tuple(str(p) for p in model.adapters),
+        template=model.template,
+        system=model.system,
+        parameters=dict(model.params),
+        licenses=model.license,
+        messages=tuple(
+            Message(str(m.get("role", "")), str(m.get("content", ""))) for m in model.messages
+        ),
+    )
+    return render_modelfile(mf, model.short_name)
+
+
+async def show(ctx: ApiContext, model: Model, verbose: bool) -> dict[str, Any]:
+    assert model.model_path is not None
+    info = await ctx.gguf(str(model.model_path))
+    out: dict[str, Any] = {
+        "license": "\n".join(model.license),
+        "modelfile": modelfile_of(model),
+        "parameters": render_parameters(model.params),
+        "template": model.template or info.chat_template or "",
+        "system": model.system or "",
+        "details": model.details.to_json(),
+        "model_info": model_info(info, verbose),
+        "capabilities": capabilities(model, info),
+        "modified_at": rfc3339(model.modified_at),
+    }
+    if model.messages:
+        out["messages"] = list(model.messages)
+    if model.projectors:
+        projector = await ctx.gguf(str(model.projectors[0]))
+        out["projector_info"] = model_info(projector, verbose)
+    if verbose:
+        out["tensors"] = [
+            {"name": t.name, "type": t.type.name, "shape": list(t.shape)} for t in info.tensors
+        ]
+    return out

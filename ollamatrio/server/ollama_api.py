@@ -1,0 +1,549 @@
+"""Handlers of Ollama's native ``/api`` routes.
+
+A request is parsed (``requests``), its model resolved and checked (``models``), then
+leased from the scheduler for exactly as long as the response body runs: the events
+generators below own the lease, so a client that disconnects closes the generator and
+the lease with it (STYLE I10).  The generators yield plain dicts; ``respond`` streams
+them as NDJSON or folds them into one object for ``"stream": false``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
+from typing import Any
+
+import trio
+from quart import Quart, Response, current_app, request
+
+from .._version import __version__
+from ..engines.protocol import Chunk, CompletionRequest
+from ..errors import InvalidRequestError, ModelNotFoundError, OllamatrioError
+from ..scheduler import ModelRequest
+from ..store import parse_digest
+from ..store.registry import start_pull
+from .models import ApiContext, require, show
+from .requests import (
+    ChatRequest,
+    EmbeddingsRequest,
+    EmbedRequest,
+    GenerateRequest,
+    get_bool,
+    get_list,
+    get_model,
+    get_str,
+    get_stream,
+    merge_options,
+    read_json,
+)
+from .wire import (
+    NDJSON,
+    ChatAggregate,
+    GenerateAggregate,
+    json_bytes,
+    ndjson_body,
+    ns,
+    prime,
+    rfc3339,
+    rfc3339_from_timestamp,
+)
+
+log = logging.getLogger(__name__)
+
+_BLOB_BATCH = 1 << 20  # bytes handed to the writer thread at a time
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(json_bytes(obj), status=status, content_type="application/json")
+
+
+def empty_response(status: int = 200) -> Response:
+    return Response(b"", status=status)
+
+
+async def respond(
+    events: AsyncIterator[dict[str, Any]],
+    stream: bool,
+    fold: Callable[[], GenerateAggregate | ChatAggregate] | None = None,
+) -> Response:
+    """Stream ``events`` as NDJSON, or (``stream`` false) answer with one object: the
+    aggregate when ``fold`` is given, else the last event.  Errors before the first
+    event propagate, so they get their own status."""
+    if not stream:
+        aggregate = fold() if fold is not None else None
+        last: dict[str, Any] = {}
+        async with aclosing(events):  # type: ignore[type-var]
+            async for obj in events:
+                if aggregate is not None:
+                    aggregate.add(obj)
+                last = obj
+        return json_response(aggregate.result() if aggregate is not None else last)
+    primed = await prime(events)
+    if primed is None:
+        return Response(b"", content_type=NDJSON)
+    return Response(ndjson_body(primed), content_type=NDJSON)
+
+
+# -- completion events -----------------------------------------------------------------
+
+
+def _timings(chunk: Chunk, started: float, load_duration: float) -> dict[str, Any]:
+    return {
+        "total_duration": ns(trio.current_time() - started),
+        "load_duration": ns(load_duration),
+        "prompt_eval_count": chunk.prompt_eval_count,
+        "prompt_eval_duration": chunk.prompt_eval_duration,
+        "eval_count": chunk.eval_count,
+        "eval_duration": chunk.eval_duration,
+    }
+
+
+def generate_line(model: str, chunk: Chunk) -> dict[str, Any]:
+    line: dict[str, Any] = {"model": model, "created_at": rfc3339(), "response": chunk.content}
+    if chunk.thinking:
+        line["thinking"] = chunk.thinking
+    line["done"] = chunk.done
+    return line
+
+
+def chat_line(model: str, chunk: Chunk) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": chunk.content}
+    if chunk.thinking:
+        message["thinking"] = chunk.thinking
+    if chunk.tool_calls:
+        message["tool_calls"] = [dict(call) for call in chunk.tool_calls]
+    return {"model": model, "created_at": rfc3339(), "message": message, "done": chunk.done}
+
+
+async def completion_events(
+    ctx: ApiContext,
+    model_request: ModelRequest,
+    completion: CompletionRequest,
+    line: Callable[[Chunk], dict[str, Any]],
+    *,
+    inline_errors: bool,
+    started: float | None = None,
+) -> AsyncIterator[dict[str, Any]]:
+    """One object per streamed chunk; the last carries ``done_reason`` and the timings
+    (``total_duration`` counts from ``started``, the request's arrival, by default now).
+
+    With ``inline_errors``, an error after the first object becomes one final
+    ``{"error": ...}`` object (the status line has already gone out)."""
+    started = trio.current_time() if started is None else started
+    sent = False
+    try:
+        async with ctx.scheduler.lease(model_request) as lease:
+            async with lease.engine.complete(completion) as chunks, _closing(chunks):
+                async for chunk in chunks:
+                    if chunk.done:
+                        obj = line(chunk)
+                        obj["done_reason"] = chunk.done_reason or "stop"
+                        obj.update(_timings(chunk, started, lease.load_duration))
+                        sent = True
+                        yield obj
+                        return
+                    if chunk.content or chunk.thinking or chunk.tool_calls:
+                        sent = True
+                        yield line(chunk)
+            # The engine ended without a final chunk: close the stream properly anyway.
+            obj = line(Chunk(done=True))
+            obj["done_reason"] = "stop"
+            obj.update(_timings(Chunk(), started, lease.load_duration))
+            yield obj
+    except OllamatrioError as exc:
+        if not (sent and inline_errors):
+            raise
+        log.warning("generation failed mid-stream: %s", exc)
+        yield {"error": str(exc)}
+
+
+def _closing(chunks: AsyncIterator[Chunk]) -> AbstractAsyncContextManager[Any]:
+    """Close an engine's chunk generator when we stop early (after the final chunk)."""
+    return aclosing(chunks) if hasattr(chunks, "aclose") else nullcontext()  # type: ignore[type-var]
+
+
+def _images_present(req: GenerateRequest | ChatRequest) -> bool:
+    return bool(req.images) if isinstance(req, GenerateRequest) else req.images
+
+
+# -- handlers --------------------------------------------------------------------------
+
+
+class OllamaApi:
+    """The native routes, bound to one :class:`ApiContext`."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def register(self, app: Quart) -> None:
+        routes: list[tuple[str, Callable[..., Any], list[str]]] = [
+            ("/", self.root, ["GET", "HEAD"]),
+            ("/api/version", self.version, ["GET", "HEAD"]),
+            ("/api/generate", self.generate, ["POST"]),
+            ("/api/chat", self.chat, ["POST"]),
+            ("/api/embed", self.embed, ["POST"]),
+            ("/api/embeddings", self.embeddings, ["POST"]),
+            ("/api/tags", self.tags, ["GET", "HEAD"]),
+            ("/api/show", self.show, ["POST"]),
+            ("/api/ps", self.ps, ["GET"]),
+            ("/api/create", self.create, ["POST"]),
+            ("/api/copy", self.copy, ["POST"]),
+            ("/api/delete", self.delete, ["DELETE"]),
+            ("/api/pull", self.pull, ["POST"]),
+            ("/api/blobs/<digest>", self.blob_head, ["HEAD"]),
+            ("/api/blobs/<digest>", self.blob_upload, ["POST"]),
+        ]
+        for path, handler, methods in routes:
+            endpoint = f"{handler.__name__}_{'_'.join(methods).lower()}"
+            app.add_url_rule(path, endpoint, handler, methods=methods)
+
+    # -- liveness ---------------------------------------------------------------------
+
+    async def root(self) -> Response:
+        return Response("Ollama is running", content_type="text/plain; charset=utf-8")
+
+    async def version(self) -> Response:
+        return json_response({"version": __version__})
+
+    # -- generation -------------------------------------------------------------------
+
+    async def _prepare(
+        self, req: GenerateRequest | ChatRequest, label: str
+    ) -> tuple[ModelRequest, Any, list[str]] | Response:
+        """Resolve and check the model; answer unload requests at once (B23)."""
+        model = await self.ctx.resolve(req.model)
+        empty = not req.prompt if isinstance(req, GenerateRequest) else not req.messages
+        if empty and req.keep_alive == 0:
+            assert model.model_path is not None
+            self.ctx.scheduler.unload(str(model.model_path))
+            return json_response(self._done(req, "unload"))
+        caps = await self.ctx.capabilities(model)
+        require(req.model, caps, "completion", label)
+        if _images_present(req):
+            require(req.model, caps, "vision", "vision: it has no projector (mmproj)")
+        if req.think:
+            require(req.model, caps, "thinking")
+        if isinstance(req, ChatRequest) and req.tools:
+            require(req.model, caps, "tools")
+        options = merge_options(model.params, req.options)
+        return self.ctx.model_request(model, options, req.keep_alive, caps), model, caps
+
+    @staticmethod
+    def _done(req: GenerateRequest | ChatRequest, reason: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": req.model, "created_at": rfc3339()}
+        if isinstance(req, GenerateRequest):
+            out["response"] = ""
+        else:
+            out["message"] = {"role": "assistant", "content": ""}
+        out.update(done=True, done_reason=reason)
+        return out
+
+    async def generate(self) -> Response:
+        started = trio.current_time()
+        req = GenerateRequest.parse(await read_json(request.body))
+        prepared = await self._prepare(req, "generate")
+        if isinstance(prepared, Response):
+            return prepared
+        model_request, model, _caps = prepared
+        if not req.prompt and not req.images:
+            await self.ctx.scheduler.load(model_request)  # B24: load only
+            return json_response(self._done(req, "load"))
+        if req.raw or req.suffix:
+            completion = CompletionRequest(prompt=req.prompt, suffix=req.suffix or None)
+        else:
+            messages: list[dict[str, Any]] = []
+            system = req.system or model.system
+            if system:
+                messages.append({"role": "system", "content": system})
+            if not req.context:
+                messages.extend(dict(m) for m in model.messages)
+            user: dict[str, Any] = {"role": "user", "content": req.prompt}
+            if req.images:
+                user["images"] = list(req.images)
+            messages.append(user)
+            completion = CompletionRequest(messages=messages)
+        completion = _with_common(completion, req, model_request.options)
+        events = completion_events(
+            self.ctx,
+            model_request,
+            completion,
+            lambda chunk: generate_line(req.model, chunk),
+            inline_errors=req.stream,
+            started=started,
+        )
+        return await respond(events, req.stream, GenerateAggregate)
+
+    async def chat(self) -> Response:
+        started = trio.current_time()
+        req = ChatRequest.parse(await read_json(request.body))
+        prepared = await self._prepare(req, "chat")
+        if isinstance(prepared, Response):
+            return prepared
+        model_request, model, _caps = prepared
+        if not req.messages:
+            await self.ctx.scheduler.load(model_request)
+            return json_response(self._done(req, "load"))
+        messages: list[dict[str, Any]] = []
+        if model.system and req.messages[0].get("role") != "system":
+            messages.append({"role": "system", "content": model.system})
+        messages.extend(dict(m) for m in model.messages)
+        messages.extend(req.messages)
+        completion = _with_common(
+            CompletionRequest(messages=messages, tools=list(req.tools) or None),
+            req,
+            model_request.options,
+        )
+        events = completion_events(
+            self.ctx,
+            model_request,
+            completion,
+            lambda chunk: chat_line(req.model, chunk),
+            inline_errors=req.stream,
+            started=started,
+        )
+        return await respond(events, req.stream, ChatAggregate)
+
+    # -- embeddings -------------------------------------------------------------------
+
+    async def _embed(
+        self, name: str, inputs: tuple[str, ...], options: Mapping[str, Any],
+        keep_alive: float | None, *, truncate: bool = True, dimensions: int | None = None,
+    ) -> tuple[list[list[float]], int, float, float]:  # fmt: skip
+        """(vectors, prompt tokens, load seconds, total seconds); empty input only loads."""
+        started = trio.current_time()
+        model = await self.ctx.resolve(name)
+        caps = await self.ctx.capabilities(model)
+        merged = merge_options(model.params, options)
+        model_request = self.ctx.model_request(model, merged, keep_alive, caps)
+        async with self.ctx.scheduler.lease(model_request) as lease:
+            if not inputs:
+                return [], 0, lease.load_duration, trio.current_time() - started
+            result = await lease.engine.embed(inputs, truncate=truncate, dimensions=dimensions)
+        return (
+            result.vectors,
+            result.prompt_eval_count,
+            lease.load_duration,
+            trio.current_time() - started,
+        )
+
+    async def embed(self) -> Response:
+        req = EmbedRequest.parse(await read_json(request.body))
+        vectors, count, load, total = await self._embed(
+            req.model, req.inputs, req.options, req.keep_alive,
+            truncate=req.truncate, dimensions=req.dimensions,
+        )  # fmt: skip
+        return json_response(
+            {
+                "model": req.model,
+                "embeddings": vectors,
+                "total_duration": ns(total),
+                "load_duration": ns(load),
+                "prompt_eval_count": count,
+            }
+        )
+
+    async def embeddings(self) -> Response:
+        req = EmbeddingsRequest.parse(await read_json(request.body))
+        inputs = (req.prompt,) if req.prompt else ()
+        vectors, *_ = await self._embed(req.model, inputs, req.options, req.keep_alive)
+        return json_response({"embedding": vectors[0] if vectors else []})
+
+    # -- the store --------------------------------------------------------------------
+
+    async def tags(self) -> Response:
+        models = await trio.to_thread.run_sync(self.ctx.store.list)
+        return json_response(
+            {
+                "models": [
+                    {
+                        "name": m.short_name,
+                        "model": m.short_name,
+                        "modified_at": rfc3339(m.modified_at),
+                        "size": m.size,
+                        "digest": m.digest,
+                        "details": m.details.to_json(),
+                    }
+                    for m in models
+                ]
+            }
+        )
+
+    async def show(self) -> Response:
+        body = await read_json(request.body)
+        name = get_model(body)
+        try:
+            model = await self.ctx.resolve(name)
+        except ModelNotFoundError:
+            raise ModelNotFoundError(f"model '{name}' not found") from None
+        return json_response(await show(self.ctx, model, get_bool(body, "verbose", False)))
+
+    async def ps(self) -> Response:
+        return json_response(
+            {
+                "models": [
+                    {
+                        "name": info.name,
+                        "model": info.name,
+                        "size": info.size,
+                        "digest": info.digest,
+                        "details": dict(info.details),
+                        "expires_at": rfc3339_from_timestamp(info.expires_at),
+                        "size_vram": info.size_vram,
+                        "context_length": info.context_length,
+                    }
+                    for info in self.ctx.scheduler.ps()
+                ]
+            }
+        )
+
+    async def copy(self) -> Response:
+        body = await read_json(request.body)
+        source, destination = get_str(body, "source"), get_str(body, "destination")
+        if not source or not destination:
+            raise InvalidRequestError("source and destination are required")
+        await trio.to_thread.run_sync(self.ctx.store.copy, source, destination)
+        return empty_response()
+
+    async def delete(self) -> Response:
+        name = get_model(await read_json(request.body))
+        await trio.to_thread.run_sync(self.ctx.store.delete, name)
+        return empty_response()
+
+    async def create(self) -> Response:
+        body = await read_json(request.body)
+        name = get_model(body)
+        stream = get_stream(body)
+        files, adapters, parameters = (body.get(k) for k in ("files", "adapters", "parameters"))
+        for key, value in (("files", files), ("adapters", adapters), ("parameters", parameters)):
+            if value is not None and not isinstance(value, dict):
+                raise InvalidRequestError(f"invalid value for {key!r}: expected an object")
+        license_ = body.get("license")
+        if license_ is not None and not isinstance(license_, str | list):
+            raise InvalidRequestError("license must be a string or a list of strings")
+
+        def start() -> Iterator[dict[str, Any]]:
+            return self.ctx.store.create(
+                name,
+                from_model=get_str(body, "from") or None,
+                files=files,
+                adapters=adapters,
+                template=get_str(body, "template") or None,
+                system=get_str(body, "system") or None,
+                parameters=merge_options(parameters) if parameters else None,
+                license=license_,
+                messages=get_list(body, "messages") or None,
+                quantize=get_str(body, "quantize") or None,
+                renderer=get_str(body, "renderer") or None,
+                parser=get_str(body, "parser") or None,
+                requires=get_str(body, "requires") or None,
+            )
+
+        steps = await trio.to_thread.run_sync(start)  # validation errors: their own status
+        return await respond(_thread_events(steps, inline_errors=stream), stream)
+
+    async def pull(self) -> Response:
+        """Ollama's PullHandler: progress as NDJSON, or (``"stream": false``) the last
+        event, a failure being 500 with its message.  The pull runs in the app's nursery
+        (no nursery in a body generator, STYLE I10); a client that goes away closes the
+        channel, which stops the pull."""
+        body = await read_json(request.body)
+        name = get_model(body)
+        stream = get_stream(body)
+        insecure = get_bool(body, "insecure", False)
+        events = start_pull(current_app.nursery, self.ctx.store, name, insecure=insecure)
+        if stream:
+            return await respond(_channel_events(events), stream=True)
+        last: dict[str, Any] = {}
+        with events:
+            async for event in events:
+                if "error" in event:
+                    return json_response(event, 500)
+                last = event
+        return json_response(last)
+
+    # -- blobs ------------------------------------------------------------------------
+
+    async def blob_head(self, digest: str) -> Response:
+        digest = parse_digest(digest)
+        present = await trio.to_thread.run_sync(self.ctx.store.has_blob, digest)
+        return empty_response(200 if present else 404)
+
+    async def blob_upload(self, digest: str) -> Response:
+        """Stream the body to disk, hashing as it goes: 201 new, 200 present, 400 mismatch."""
+        store = self.ctx.store
+        try:
+            digest = parse_digest(digest)
+            present = await trio.to_thread.run_sync(store.has_blob, digest)
+        except InvalidRequestError:
+            await _discard(request.body)
+            raise
+        if present:
+            # An unread body would stall the connection for the client's next request.
+            await _discard(request.body)
+            return empty_response(200)
+        writer = await trio.to_thread.run_sync(store.blob_writer, digest)
+        try:
+            batch = bytearray()
+            async for chunk in request.body:
+                batch += chunk
+                if len(batch) >= _BLOB_BATCH:
+                    await trio.to_thread.run_sync(writer.write, bytes(batch))
+                    batch.clear()
+            await trio.to_thread.run_sync(writer.write, bytes(batch))
+            await trio.to_thread.run_sync(writer.commit)
+        finally:
+            if writer.digest is None:
+                writer.abort()  # removes the temporary file (a quick unlink)
+        return empty_response(201 if writer.created else 200)
+
+
+async def _channel_events(
+    events: trio.MemoryReceiveChannel[dict[str, Any]],
+) -> AsyncIterator[dict[str, Any]]:
+    """Read a pull's progress channel; closing this generator closes the channel."""
+    with events:
+        async for event in events:
+            yield event
+
+
+async def _discard(body: AsyncIterator[bytes]) -> None:
+    async for _ in body:
+        pass
+
+
+def _with_common(
+    completion: CompletionRequest, req: GenerateRequest | ChatRequest, options: Mapping[str, Any]
+) -> CompletionRequest:
+    return CompletionRequest(
+        prompt=completion.prompt,
+        messages=completion.messages,
+        suffix=completion.suffix,
+        options=options,
+        format=req.format,
+        tools=completion.tools,
+        think=req.think,
+        images=req.images if isinstance(req, GenerateRequest) and completion.prompt else (),
+        logprobs=req.logprobs,
+        top_logprobs=req.top_logprobs,
+    )
+
+
+async def _thread_events(
+    steps: Iterator[dict[str, Any]], *, inline_errors: bool
+) -> AsyncIterator[dict[str, Any]]:
+    """Drive a blocking progress iterator (the store's) one step per worker-thread hop."""
+    done = object()
+    sent = False
+    try:
+        while (step := await trio.to_thread.run_sync(next, steps, done)) is not done:
+            sent = True
+            yield step  # type: ignore[misc]
+    except OllamatrioError as exc:
+        if not (sent and inline_errors):
+            raise
+        yield {"error": str(exc)}
+    finally:
+        close = getattr(steps, "close", None)
+        if close is not None:
+            close()  # releases the store's pins (synchronous, quick)

@@ -1,0 +1,156 @@
+"""Wire formats of the native API: NDJSON lines, RFC 3339 timestamps, nanosecond durations,
+and the aggregation of a stream into one object for ``"stream": false``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+NDJSON = "application/x-ndjson"
+
+# Go's time.Duration is int64 nanoseconds, so Ollama's "forever" expiry lies ~292 years ahead.
+FOREVER = timedelta(days=292 * 365)
+
+
+def rfc3339(moment: datetime | None = None) -> str:
+    """RFC 3339 with microseconds; UTC is written ``Z`` as Go does."""
+    moment = moment or datetime.now(UTC)
+    if moment.tzinfo is None:
+        moment = moment.astimezone()
+    text = moment.isoformat(timespec="microseconds")
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def rfc3339_from_timestamp(seconds: float | None) -> str:
+    """A wall-clock time in seconds since the epoch; ``None`` means never (far future)."""
+    if seconds is None:
+        return rfc3339(datetime.now(UTC) + FOREVER)
+    return rfc3339(datetime.fromtimestamp(seconds, UTC))
+
+
+def ns(seconds: float) -> int:
+    """Seconds to integer nanoseconds, Ollama's unit for every duration."""
+    return max(0, round(seconds * 1e9))
+
+
+def json_bytes(obj: Any) -> bytes:
+    """Compact JSON: one line, no padding, UTF-8."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def ndjson_line(obj: Any) -> bytes:
+    return json_bytes(obj) + b"\n"
+
+
+class Primed:
+    """An async iterator whose first item was already taken (to learn about early errors
+    before a status line is sent); it gives that item back first.  Closing it closes the
+    source, so a disconnect unwinds the source's ``async with`` blocks."""
+
+    def __init__(self, first: Any, source: AsyncIterator[Any]) -> None:
+        self._first: list[Any] = [first]
+        self._source = source
+
+    def __aiter__(self) -> Primed:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._first:
+            return self._first.pop()
+        return await self._source.__anext__()
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._source, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def prime(source: AsyncIterator[Any]) -> Primed | None:
+    """Take the first item of ``source`` now; errors before it propagate to the caller.
+    ``None`` if the source is empty."""
+    try:
+        first = await source.__anext__()
+    except StopAsyncIteration:
+        return None
+    except BaseException:
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        raise
+    return Primed(first, source)
+
+
+async def ndjson_body(objects: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """Encode a stream of objects as NDJSON (Quart closes this generator on disconnect,
+    which closes ``objects`` in turn)."""
+    try:
+        async for obj in objects:
+            yield ndjson_line(obj)
+    finally:
+        aclose: Callable[[], Any] | None = getattr(objects, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class StreamError(Exception):
+    """An ``{"error": ...}`` object met while aggregating a stream."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class GenerateAggregate:
+    """Folds ``/api/generate`` lines into the one object ``"stream": false`` returns."""
+
+    def __init__(self) -> None:
+        self._response: list[str] = []
+        self._thinking: list[str] = []
+        self._last: dict[str, Any] = {}
+
+    def add(self, obj: dict[str, Any]) -> None:
+        if "error" in obj:
+            raise StreamError(str(obj["error"]))
+        self._response.append(obj.get("response", ""))
+        self._thinking.append(obj.get("thinking", ""))
+        self._last = obj
+
+    def result(self) -> dict[str, Any]:
+        out = dict(self._last)
+        out["response"] = "".join(self._response)
+        thinking = "".join(self._thinking)
+        if thinking:
+            out["thinking"] = thinking
+        return out
+
+
+class ChatAggregate:
+    """Folds ``/api/chat`` lines: content, thinking and tool calls are concatenated."""
+
+    def __init__(self) -> None:
+        self._content: list[str] = []
+        self._thinking: list[str] = []
+        self._tool_calls: list[Any] = []
+        self._last: dict[str, Any] = {}
+
+    def add(self, obj: dict[str, Any]) -> None:
+        if "error" in obj:
+            raise StreamError(str(obj["error"]))
+        message = obj.get("message") or {}
+        self._content.append(message.get("content", ""))
+        self._thinking.append(message.get("thinking", ""))
+        self._tool_calls.extend(message.get("tool_calls") or ())
+        self._last = obj
+
+    def result(self) -> dict[str, Any]:
+        out = dict(self._last)
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._content)}
+        thinking = "".join(self._thinking)
+        if thinking:
+            message["thinking"] = thinking
+        if self._tool_calls:
+            message["tool_calls"] = self._tool_calls
+        out["message"] = message
+        return out

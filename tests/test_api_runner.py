@@ -1,0 +1,118 @@
+"""End to end with real llama.cpp runner processes: the official client against real
+hypercorn, the model a generated tiny GGUF or (slow) SmolLM2.  A client that disconnects
+mid-stream must free the runner's llama.cpp slot, not only the lease."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import httpx
+import ollama
+import pytest
+import trio
+
+from ollamatrio.engines.process import ProcessEngineFactory
+
+
+def runner_of(srv, model: str):
+    """The loaded engine (a runner client) of ``model``, from the scheduler's books."""
+    (info,) = [i for i in srv.scheduler.ps() if i.name == model]
+    return srv.scheduler._runners[info.model_path].engine
+
+
+async def test_tiny_model_through_the_official_client(api_server) -> None:
+    with trio.fail_after(120):
+        async with (
+            api_server(engines=ProcessEngineFactory(load_timeout=60)) as srv,
+            ollama.AsyncClient(host=srv.url) as c,
+        ):
+            options = {"num_predict": 8, "temperature": 0}
+            resp = await c.generate("tiny", "hello", raw=True, options=options)
+            assert resp.done
+            assert 0 < resp.eval_count <= 8
+            assert resp.done_reason in ("stop", "length")
+            parts = [
+                p
+                async for p in await c.chat(
+                    "tiny", messages=[{"role": "user", "content": "hi"}], stream=True,
+                    options={"num_predict": 6, "ignore_eos": True},
+                )
+            ]  # fmt: skip
+            assert parts[-1].done
+            assert parts[-1].eval_count == 6
+            assert parts[-1].done_reason == "length"
+            assert all(p.message.role == "assistant" for p in parts)
+            ps = (await c.ps()).models
+            assert [m.model for m in ps] == ["tiny:latest"]
+            assert ps[0].size > 0
+
+
+async def test_embeddings_from_a_runner(api_server) -> None:
+    with trio.fail_after(120):
+        async with (
+            api_server(engines=ProcessEngineFactory(load_timeout=60)) as srv,
+            ollama.AsyncClient(host=srv.url) as c,
+        ):
+            resp = await c.embed("tiny-embed", ["one two", "three"])
+            assert len(resp.embeddings) == 2
+            for vector in resp.embeddings:
+                assert len(vector) == 64
+                assert math.isclose(math.fsum(x * x for x in vector), 1.0, rel_tol=1e-4)
+
+
+@pytest.mark.slow
+async def test_disconnect_frees_the_llama_cpp_slot(api_server, smollm2_path: Path) -> None:
+    with trio.fail_after(240):
+        async with (
+            api_server(
+                engines=ProcessEngineFactory(load_timeout=120), models={"smol": smollm2_path}
+            ) as srv,
+            httpx.AsyncClient(base_url=srv.url, timeout=None) as c,
+        ):
+            body = {
+                "model": "smol",
+                "prompt": "Write a very long story about a lighthouse keeper.",
+                "options": {"num_predict": 4000, "ignore_eos": True, "temperature": 0},
+            }
+            async with c.stream("POST", "/api/generate", json=body) as r:
+                seen = 0
+                async for line in r.aiter_lines():
+                    assert "error" not in json.loads(line)
+                    seen += 1
+                    if seen == 5:
+                        break
+                engine = runner_of(srv, "smol:latest")
+                assert any(slot["is_processing"] for slot in await engine.slots())
+            with trio.fail_after(0.5):
+                runner = srv.scheduler._runners[engine.spec.model_path]
+                await runner.wait_until(lambda: runner.refs == 0)
+            # llama.cpp notices the closed connection at its next token and frees the slot.
+            with trio.fail_after(2):  # polls another process
+                while any(slot["is_processing"] for slot in await engine.slots()):  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+
+
+@pytest.mark.slow
+async def test_smollm2_answers(api_server, smollm2_path: Path) -> None:
+    with trio.fail_after(240):
+        async with (
+            api_server(
+                engines=ProcessEngineFactory(load_timeout=120), models={"smol": smollm2_path}
+            ) as srv,
+            ollama.AsyncClient(host=srv.url) as c,
+        ):
+            resp = await c.generate(
+                "smol", "The capital of France is", raw=True,
+                options={"temperature": 0, "num_predict": 8},
+            )  # fmt: skip
+            assert "Paris" in resp.response
+            chat = await c.chat(
+                "smol", messages=[{"role": "user", "content": "Say hello."}],
+                options={"temperature": 0, "num_predict": 16},
+            )  # fmt: skip
+            assert chat.message.content.strip()
+            shown = await c.show("smol")
+            assert "completion" in (shown.capabilities or [])
+            assert shown.modelinfo["general.architecture"] == "llama"

@@ -1,0 +1,143 @@
+"""Serving: long streams are never cut by Quart's response timeout, ``serve`` on port 0,
+graceful drain at shutdown, and SIGINT/SIGTERM handling of the real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from ollamatrio.config import Settings
+from ollamatrio.devices import SimulatedDevices
+from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
+from ollamatrio.serve import serve
+from ollamatrio.store import ModelStore
+
+SYSTEM = json.dumps({"gpus": [], "system": {"total": 64 << 30, "cpu_count": 2}})
+
+
+def import_model(store: ModelStore, name: str, path: Path) -> None:
+    for _ in store.import_gguf(name, path):
+        pass
+
+
+def _engines(behaviour: SimulatedBehaviour) -> tuple[SimulatedEngineFactory, SimulatedDevices]:
+    devices = SimulatedDevices(SYSTEM)
+    return SimulatedEngineFactory(devices, default=behaviour), devices
+
+
+@pytest.mark.parametrize(
+    ("response_timeout", "complete"),
+    [("default", True), (60, False)],
+    ids=["as-configured", "quart-default-would-cut"],
+)
+async def test_stream_longer_than_a_minute(
+    autojump_clock: trio.abc.Clock, api_server, response_timeout, complete: bool
+) -> None:
+    """35 tokens at 0.5 token/s (70 s) through real hypercorn, in virtual time.  The control
+    case puts Quart's 60 s default back and shows that the stream would be cut.  The clock
+    jumps only after 30 ms of real idleness, so socket and worker-thread work (store, GGUF
+    headers) always finishes before virtual time moves."""
+    autojump_clock.autojump_threshold = 0.03  # type: ignore[attr-defined]
+    behaviour = SimulatedBehaviour(load_seconds=1, tokens_per_second=0.5)
+    lines: list[dict] = []
+    cut = False
+    with trio.fail_after(1000):
+        async with api_server(behaviour=behaviour) as srv:
+            if response_timeout != "default":
+                srv.app.config["RESPONSE_TIMEOUT"] = response_timeout
+            async with httpx.AsyncClient(base_url=srv.url, timeout=None) as c:
+                body = {"model": "tiny", "prompt": "x", "options": {"num_predict": 35}}
+                try:
+                    async with c.stream("POST", "/api/generate", json=body) as r:
+                        async for line in r.aiter_lines():
+                            lines.append(json.loads(line))
+                except httpx.RemoteProtocolError:
+                    cut = True  # the server dropped the half-sent response
+    assert cut is not complete
+    assert (len(lines) == 36 and lines[-1]["done"]) is complete
+    if complete:
+        assert lines[-1]["eval_duration"] == 70 * 10**9  # 70 virtual seconds
+    else:
+        assert len(lines) < 31
+
+
+async def test_serve_on_port_zero_and_unload_at_shutdown(tmp_path: Path, tiny_gguf) -> None:
+    settings = Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models")
+    import_model(ModelStore(settings.models_dir), "tiny", tiny_gguf())
+    engines, devices = _engines(SimulatedBehaviour(load_seconds=0.01, tokens_per_second=100))
+    stop = trio.Event()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(
+                partial(serve, settings, shutdown_trigger=stop.wait, engines=engines,
+                        devices=devices)
+            )  # fmt: skip
+            (url,) = binds
+            assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url)
+            assert not url.endswith(":0")
+            async with httpx.AsyncClient(base_url=url) as c:
+                # A stream in flight when shutdown starts is drained, not cut.
+                async with c.stream(
+                    "POST", "/api/generate",
+                    json={"model": "tiny", "prompt": "x", "options": {"num_predict": 30}},
+                ) as r:  # fmt: skip
+                    lines = []
+                    async for line in r.aiter_lines():
+                        if not lines:
+                            stop.set()
+                        lines.append(json.loads(line))
+            assert len(lines) == 31
+            assert lines[-1]["done_reason"] == "length"
+            assert engines.engines  # still loaded while serving
+        # serve() returned: every runner was unloaded.
+        assert engines.engines == {}
+        assert engines.loads == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_run_server_stops_on_signal(tmp_path: Path, signum: signal.Signals) -> None:
+    env = {
+        **os.environ,
+        "OLLAMA_HOST": "127.0.0.1:0",
+        "OLLAMA_MODELS": str(tmp_path / "models"),
+        "OLLAMATRIO_ENGINE": "simulated",
+        "OLLAMATRIO_SIMULATED_GPUS": SYSTEM,
+    }
+    code = "from ollamatrio.serve import run_server; run_server()"
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-c", code], env=env, stderr=subprocess.PIPE
+    )
+    assert proc.stderr is not None
+    output = b""
+    try:
+        with trio.fail_after(30):
+            while (match := re.search(rb"Listening on (http://\S+)", output)) is None:
+                chunk = await proc.stderr.receive_some()
+                assert chunk, output.decode()
+                output += chunk
+            async with httpx.AsyncClient(base_url=match.group(1).decode()) as c:
+                assert (await c.get("/api/version")).status_code == 200
+            proc.send_signal(signum)
+            while chunk := await proc.stderr.receive_some():
+                output += chunk
+            assert await proc.wait() == 0, output.decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+        await proc.stderr.aclose()
+    text = output.decode()
+    assert f"received {signum.name}, shutting down" in text
+    assert "server stopped" in text
+

@@ -1,0 +1,121 @@
+"""``/api/pull`` through the real server: the official ``ollama`` client against a fake
+registry on 127.0.0.1 (nothing leaves the machine)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+import pytest
+import trio
+
+from ollamatrio.store import MEDIA_MODEL, MEDIA_TEMPLATE
+from ollamatrio.testing.fake_registry import FakeRegistry
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture
+async def registry(nursery: trio.Nursery) -> FakeRegistry:
+    fake = FakeRegistry()
+    await nursery.start(fake.serve)
+    return fake
+
+
+@pytest.fixture
+def published(registry: FakeRegistry, tiny_gguf: Callable[..., Path]) -> str:
+    gguf = tiny_gguf(layers=3).read_bytes()
+    registry.add_model(
+        "library/pulled:latest", [(MEDIA_MODEL, gguf), (MEDIA_TEMPLATE, b"{{ .Prompt }}")]
+    )
+    return registry.model_name("library/pulled:latest")
+
+
+@asynccontextmanager
+async def running(api_server: Any) -> AsyncIterator[tuple[Any, ollama.AsyncClient]]:
+    async with api_server() as srv, ollama.AsyncClient(host=srv.url) as client:
+        yield srv, client
+
+
+async def test_pull_without_streaming_then_list_and_show(api_server: Any, published: str) -> None:
+    with trio.fail_after(30):
+        async with running(api_server) as (srv, client):
+            result = await client.pull(published, insecure=True)
+            assert result.status == "success"
+
+            names = [m.model for m in (await client.list()).models]
+            assert published in names
+            shown = await client.show(published)
+            assert shown.template == "{{ .Prompt }}"
+            assert srv.store.resolve(published).model_path is not None
+
+
+async def test_pull_streaming_progress(
+    api_server: Any, published: str, registry: FakeRegistry
+) -> None:
+    with trio.fail_after(30):
+        async with running(api_server) as (_srv, client):
+            events = [e async for e in await client.pull(published, insecure=True, stream=True)]
+
+    statuses = [e.status for e in events]
+    assert statuses[0] == "pulling manifest"
+    assert statuses[-3:] == ["verifying sha256 digest", "writing manifest", "success"]
+    manifest = json.loads(registry.manifests["library/pulled:latest"])
+    for layer in [*manifest["layers"], manifest["config"]]:
+        mine = [e for e in events if e.digest == layer["digest"]]
+        assert mine[-1].status == f"pulling {layer['digest'][7:19]}"
+        assert (mine[-1].total, mine[-1].completed) == (layer["size"], layer["size"])
+
+
+async def test_pulling_an_unknown_model_fails_like_ollama(
+    api_server: Any, registry: FakeRegistry
+) -> None:
+    name = registry.model_name("library/missing:latest")
+    with trio.fail_after(30):
+        async with running(api_server) as (_srv, client):
+            with pytest.raises(ollama.ResponseError) as blocking:
+                await client.pull(name, insecure=True)
+            assert blocking.value.status_code == 500
+            assert blocking.value.error == "pull model manifest: file does not exist"
+
+            with pytest.raises(ollama.ResponseError) as streaming:
+                async for _ in await client.pull(name, insecure=True, stream=True):
+                    pass
+            assert streaming.value.error == "pull model manifest: file does not exist"
+
+
+async def test_invalid_name_is_a_400(api_server: Any) -> None:
+    with trio.fail_after(30):
+        async with running(api_server) as (_srv, client):
+            with pytest.raises(ollama.ResponseError) as caught:
+                await client.pull("bad name!", insecure=True)
+            assert caught.value.status_code == 400
+
+
+async def test_client_that_goes_away_stops_the_pull(
+    api_server: Any, registry: FakeRegistry
+) -> None:
+    data = os.urandom(4 << 20)
+    registry.add_model("library/big:latest", [(MEDIA_MODEL, data)])
+    name = registry.model_name("library/big:latest")
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    registry.chunk_delay = 0.02  # about 1.3 s for the whole blob
+
+    with trio.fail_after(30):
+        async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as http:
+            body = {"model": name, "insecure": True}
+            async with http.stream("POST", "/api/pull", json=body) as response:
+                async for line in response.aiter_lines():
+                    if json.loads(line).get("completed"):
+                        break  # leave with the download under way
+            await registry.wait_streams_idle()
+
+            assert registry.bytes_served[digest] < len(data)
+            assert not srv.store.exists(name)
