@@ -1,0 +1,551 @@
+"""The OpenAI wire format, translated to and from the native API.
+
+As Ollama's ``openai`` package does, requests are rewritten into native request bodies
+(which the native parsers in :mod:`.requests` then validate), and native response objects
+(``/api/chat`` and ``/api/generate`` lines) are rewritten into OpenAI objects, streamed as
+server-sent events.  Everything here is pure: no I/O, no scheduler.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import secrets
+import struct
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from ..errors import InvalidRequestError
+from .requests import get_bool, get_int, get_list, get_model, get_str
+from .wire import json_bytes
+
+SSE = "text/event-stream"
+SSE_DONE = b"data: [DONE]\n\n"
+SYSTEM_FINGERPRINT = "fp_ollama"
+
+# OpenAI's reasoning efforts as native ``think`` values (THINK_LEVELS).
+REASONING_EFFORTS: Mapping[str, bool | str] = {
+    "none": False,
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "max",
+    "max": "max",
+}
+# Image data URLs accepted in ``image_url`` parts; a bare "data:;base64," as Ollama allows.
+_IMAGE_PREFIXES = (
+    *(f"data:image/{kind};base64," for kind in ("jpeg", "jpg", "png", "webp")),
+    "data:;base64,",
+)
+# OpenAI sampling fields that are native options under the same name.
+_SAMPLING_FIELDS = ("temperature", "top_p", "seed", "frequency_penalty", "presence_penalty")
+ENCODING_FORMATS = ("float", "base64")
+
+
+# -- errors ----------------------------------------------------------------------------
+
+
+def error_type(status: int) -> str:
+    return {400: "invalid_request_error", 404: "not_found_error"}.get(status, "api_error")
+
+
+def error_object(message: str, status: int) -> dict[str, Any]:
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": error_type(status), "param": None, "code": None}}
+
+
+# -- requests --------------------------------------------------------------------------
+
+
+def chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``/v1/chat/completions`` body as the equivalent ``/api/chat`` body."""
+    messages = get_list(body, "messages")
+    if not messages:
+        raise InvalidRequestError("[] is too short - 'messages'")
+    _check_n(body)
+    native: dict[str, Any] = {
+        "model": get_model(body),
+        "messages": native_messages(messages),
+        "options": sampling_options(body),
+        "stream": get_bool(body, "stream", False),
+    }
+    fmt = response_format(body.get("response_format"))
+    if fmt is not None:
+        native["format"] = fmt
+    think = reasoning(body)
+    if think is not None:
+        native["think"] = think
+    tools = get_list(body, "tools")
+    if tools:
+        native["tools"] = tools
+    if get_bool(body, "logprobs", False):
+        native["logprobs"] = True
+        native["top_logprobs"] = get_int(body, "top_logprobs", 0)
+    return native
+
+
+def completion_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``/v1/completions`` body as the equivalent ``/api/generate`` body."""
+    prompt = body.get("prompt", "")
+    if not isinstance(prompt, str):
+        raise InvalidRequestError("invalid prompt: only a single string is supported")
+    _check_n(body)
+    native: dict[str, Any] = {
+        "model": get_model(body),
+        "prompt": prompt,
+        "options": sampling_options(body),
+        "stream": get_bool(body, "stream", False),
+    }
+    suffix = get_str(body, "suffix")
+    if suffix:
+        native["suffix"] = suffix
+    return native
+
+
+def include_usage(body: Mapping[str, Any]) -> bool:
+    """``stream_options.include_usage``: a final chunk with the token counts."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise InvalidRequestError("invalid value for 'stream_options': expected an object")
+    return get_bool(options, "include_usage", False)
+
+
+def _check_n(body: Mapping[str, Any]) -> None:
+    if get_int(body, "n", 1) != 1:
+        raise InvalidRequestError("only n=1 is supported")
+
+
+def sampling_options(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Native options from OpenAI's sampling fields.  Unlike the native API, temperature
+    and top_p default to 1.0 (OpenAI's defaults) and so override model parameters."""
+    options: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}
+    for key in _SAMPLING_FIELDS:
+        if body.get(key) is not None:
+            options[key] = body[key]
+    limit = body.get("max_completion_tokens")
+    if limit is None:
+        limit = body.get("max_tokens")
+    if limit is not None:
+        options["num_predict"] = limit
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        options["stop"] = [stop]
+    elif isinstance(stop, list):
+        if not all(isinstance(s, str) for s in stop):
+            raise InvalidRequestError("invalid type for 'stop' field: expected strings")
+        options["stop"] = stop
+    elif stop is not None:
+        raise InvalidRequestError("invalid type for 'stop' field: expected a string or a list")
+    return options
+
+
+def response_format(value: Any) -> str | dict[str, Any] | None:
+    """``json_object`` becomes format "json", ``json_schema`` its schema, ``text`` nothing."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidRequestError("invalid value for 'response_format': expected an object")
+    kind = str(value.get("type") or "").strip().lower()
+    if kind in ("", "text"):
+        return None
+    if kind == "json_object":
+        return "json"
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if schema is None:
+            return None  # a schema-less json_schema constrains nothing, as in Ollama
+        if not isinstance(schema, dict):
+            raise InvalidRequestError("response_format.json_schema.schema must be an object")
+        return schema
+    raise InvalidRequestError(f"invalid response_format type: {kind!r}")
+
+
+def reasoning(body: Mapping[str, Any]) -> bool | str | None:
+    """``reasoning.effort`` (or ``reasoning_effort``) as a native ``think`` value."""
+    effort: Any = None
+    nested = body.get("reasoning")
+    if isinstance(nested, dict):
+        effort = nested.get("effort")
+    if effort is None:
+        effort = body.get("reasoning_effort")
+    if effort is None:
+        return None
+    if not isinstance(effort, str) or effort not in REASONING_EFFORTS:
+        allowed = ", ".join(f'"{e}"' for e in REASONING_EFFORTS)
+        raise InvalidRequestError(
+            f"invalid reasoning value: {json.dumps(effort)} (must be {allowed})"
+        )
+    return REASONING_EFFORTS[effort]
+
+
+def native_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """OpenAI messages as native ones: content parts are joined (text) and collected
+    (images), tool calls get object arguments, tool results the name of their call."""
+    out = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequestError(f"invalid value for 'messages[{index}]': expected an object")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise InvalidRequestError(f"messages[{index}]: role is required")
+        native: dict[str, Any] = {"role": "system" if role == "developer" else role}
+        content = message.get("content")
+        calls = message.get("tool_calls")
+        if isinstance(content, str):
+            native["content"] = content
+        elif isinstance(content, list):
+            native["content"], images = content_parts(content)
+            if images:
+                native["images"] = images
+        elif content is None and calls:
+            native["content"] = ""  # content is optional only beside tool calls
+        else:
+            kind = "null" if content is None else type(content).__name__
+            raise InvalidRequestError(f"invalid message content type: {kind}")
+        thinking = message.get("reasoning") or message.get("reasoning_content")
+        if isinstance(thinking, str) and thinking:
+            native["thinking"] = thinking
+        if calls:
+            native["tool_calls"] = native_tool_calls(calls)
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            name = message.get("name") or _tool_name(messages, call_id)
+            if isinstance(name, str) and name:
+                native["tool_name"] = name
+            if isinstance(call_id, str) and call_id:
+                native["tool_call_id"] = call_id
+        out.append(native)
+    return out
+
+
+def content_parts(parts: Sequence[Any]) -> tuple[str, list[str]]:
+    """(text, base64 images) of a content-part list."""
+    texts: list[str] = []
+    images: list[str] = []
+    for part in parts:
+        if not isinstance(part, dict):
+            raise InvalidRequestError("invalid message format")
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise InvalidRequestError("invalid message format")
+            texts.append(text)
+        elif kind == "image_url":
+            url = part.get("image_url")
+            if isinstance(url, dict):
+                url = url.get("url")
+            if not isinstance(url, str):
+                raise InvalidRequestError("invalid message format")
+            images.append(decode_image_url(url))
+        else:
+            raise InvalidRequestError(f"unsupported content part type: {json.dumps(kind)}")
+    return "\n".join(texts), images
+
+
+def decode_image_url(url: str) -> str:
+    """The base64 payload of an image data URL (remote URLs are not fetched)."""
+    for prefix in _IMAGE_PREFIXES:
+        if url.startswith(prefix):
+            data = url[len(prefix) :]
+            try:
+                base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError):
+                raise InvalidRequestError("invalid image input") from None
+            return data
+    raise InvalidRequestError("invalid image input")
+
+
+def native_tool_calls(calls: Any) -> list[dict[str, Any]]:
+    """OpenAI tool calls (arguments as a JSON string) as native ones (an object)."""
+    if not isinstance(calls, list):
+        raise InvalidRequestError("invalid value for 'tool_calls': expected a list")
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidRequestError("invalid tool call: function.name is required")
+        arguments = function.get("arguments") or "{}"
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                raise InvalidRequestError("invalid tool call arguments") from None
+        if not isinstance(arguments, dict):
+            raise InvalidRequestError("invalid tool call arguments")
+        native: dict[str, Any] = {"function": {"name": function["name"], "arguments": arguments}}
+        if isinstance(call.get("id"), str) and call["id"]:
+            native["id"] = call["id"]
+        out.append(native)
+    return out
+
+
+def _tool_name(messages: Sequence[Any], call_id: Any) -> str:
+    """The function name of the (latest) assistant tool call with ``call_id``."""
+    if not isinstance(call_id, str) or not call_id:
+        return ""
+    for message in reversed(messages):
+        for call in (message.get("tool_calls") or ()) if isinstance(message, dict) else ():
+            if isinstance(call, dict) and call.get("id") == call_id:
+                function = call.get("function") or {}
+                return str(function.get("name") or "")
+    return ""
+
+
+def embedding_inputs(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """``input`` as strings; token arrays are not supported."""
+    raw = body.get("input")
+    if isinstance(raw, str):
+        return (raw,)
+    if isinstance(raw, list) and raw and all(isinstance(item, str) for item in raw):
+        return tuple(raw)
+    raise InvalidRequestError("invalid input")
+
+
+def encoding_format(body: Mapping[str, Any]) -> str:
+    value = body.get("encoding_format")
+    if value is None or value == "":
+        return "float"
+    if isinstance(value, str) and value.lower() in ENCODING_FORMATS:
+        return value.lower()
+    raise InvalidRequestError(
+        f"Invalid value for 'encoding_format' = {value}. Supported values: ['float', 'base64']."
+    )
+
+
+def dimensions(body: Mapping[str, Any]) -> int | None:
+    value = get_int(body, "dimensions")
+    if value is not None and value <= 0:
+        raise InvalidRequestError("dimensions must be a positive integer")
+    return value
+
+
+# -- responses -------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.randbelow(1_000_000)}"
+
+
+def usage(final: Mapping[str, Any]) -> dict[str, int]:
+    """Token counts from a native final object."""
+    prompt = int(final.get("prompt_eval_count") or 0)
+    completion = int(final.get("eval_count") or 0)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def openai_tool_calls(
+    calls: Sequence[Mapping[str, Any]], first: int = 0, *, stream: bool = False
+) -> list[dict[str, Any]]:
+    """Native tool calls in OpenAI shape: an id, and arguments as a JSON string.  Stream
+    deltas also carry the call's ``index`` within the response."""
+    out = []
+    for n, call in enumerate(calls):
+        function = call.get("function") or {}
+        arguments = function.get("arguments", {})
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)
+        item: dict[str, Any] = {"id": call.get("id") or f"call_{secrets.token_hex(4)}"}
+        if stream:
+            item["index"] = first + n
+        item["type"] = "function"
+        item["function"] = {"name": function.get("name", ""), "arguments": arguments}
+        out.append(item)
+    return out
+
+
+def _finish_reason(final: Mapping[str, Any], tool_called: bool) -> str:
+    return "tool_calls" if tool_called else str(final.get("done_reason") or "stop")
+
+
+def chat_completion(model: str, result: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``chat.completion`` from the folded native chat response."""
+    native = result.get("message") or {}
+    message: dict[str, Any] = {"role": "assistant", "content": native.get("content", "")}
+    if native.get("thinking"):
+        message["reasoning"] = native["thinking"]
+    calls = native.get("tool_calls") or ()
+    if calls:
+        message["tool_calls"] = openai_tool_calls(calls)
+    return {
+        "id": new_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": _finish_reason(result, bool(calls))}
+        ],
+        "usage": usage(result),
+    }
+
+
+def text_completion(model: str, result: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``text_completion`` from the folded native generate response."""
+    return {
+        "id": new_id("cmpl"),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [
+            {
+                "text": result.get("response", ""),
+                "index": 0,
+                "finish_reason": _finish_reason(result, False),
+                "logprobs": None,
+            }
+        ],
+        "usage": usage(result),
+    }
+
+
+class _Chunks:
+    """Shared state of one streamed response: id and creation time stay fixed."""
+
+    object = ""
+    prefix = ""
+
+    def __init__(self, model: str, include_usage: bool) -> None:
+        self.id = new_id(self.prefix)
+        self.created = int(time.time())
+        self.model = model
+        self.include_usage = include_usage
+
+    def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "choices": choices,
+        }
+
+    def usage_chunk(self, final: Mapping[str, Any]) -> dict[str, Any]:
+        chunk = self.envelope([])
+        chunk["usage"] = usage(final)
+        return chunk
+
+
+class ChatChunks(_Chunks):
+    """Native ``/api/chat`` lines → ``chat.completion.chunk`` objects.  The finish reason
+    comes in its own chunk with an empty delta, then the usage chunk if asked for."""
+
+    object = "chat.completion.chunk"
+    prefix = "chatcmpl"
+
+    def __init__(self, model: str, include_usage: bool) -> None:
+        super().__init__(model, include_usage)
+        self._tool_calls = 0
+
+    def __call__(self, line: Mapping[str, Any]) -> list[dict[str, Any]]:
+        out = []
+        message = line.get("message") or {}
+        content, thinking = message.get("content") or "", message.get("thinking") or ""
+        calls = message.get("tool_calls") or ()
+        if content or thinking or calls:
+            delta: dict[str, Any] = {"role": "assistant", "content": content}
+            if thinking:
+                delta["reasoning"] = thinking
+            if calls:
+                delta["tool_calls"] = openai_tool_calls(calls, self._tool_calls, stream=True)
+                self._tool_calls += len(calls)
+            out.append(self.envelope([{"index": 0, "delta": delta, "finish_reason": None}]))
+        if line.get("done"):
+            reason = _finish_reason(line, self._tool_calls > 0)
+            empty = {"role": "assistant", "content": ""}
+            out.append(self.envelope([{"index": 0, "delta": empty, "finish_reason": reason}]))
+            if self.include_usage:
+                out.append(self.usage_chunk(line))
+        return out
+
+
+class CompletionChunks(_Chunks):
+    """Native ``/api/generate`` lines → streamed ``text_completion`` objects."""
+
+    object = "text_completion"
+    prefix = "cmpl"
+
+    def __call__(self, line: Mapping[str, Any]) -> list[dict[str, Any]]:
+        out = []
+        text = line.get("response") or ""
+        if text:
+            out.append(self.envelope([self._choice(text, None)]))
+        if line.get("done"):
+            out.append(self.envelope([self._choice("", _finish_reason(line, False))]))
+            if self.include_usage:
+                out.append(self.usage_chunk(line))
+        return out
+
+    @staticmethod
+    def _choice(text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"text": text, "index": 0, "finish_reason": finish_reason, "logprobs": None}
+
+
+def sse_event(obj: Any) -> bytes:
+    return b"data: " + json_bytes(obj) + b"\n\n"
+
+
+async def sse_body(
+    lines: AsyncIterator[dict[str, Any]], translate: Callable[[dict[str, Any]], list[Any]]
+) -> AsyncIterator[bytes]:
+    """Native lines as SSE events, ending in ``[DONE]``; a native ``{"error"}`` line ends
+    the stream with an OpenAI error event instead.  Closing this closes ``lines`` (and
+    with it the lease), so a client that disconnects stops the generation."""
+    try:
+        async for line in lines:
+            if "error" in line:
+                yield sse_event(error_object(str(line["error"]), 500))
+                return
+            events = translate(line)
+            if events:
+                yield b"".join(sse_event(event) for event in events)
+        yield SSE_DONE
+    finally:
+        aclose = getattr(lines, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def embedding_list(
+    model: str, vectors: Sequence[Sequence[float]], prompt_tokens: int, fmt: str
+) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {
+                "object": "embedding",
+                "embedding": floats_base64(vector) if fmt == "base64" else list(vector),
+                "index": index,
+            }
+            for index, vector in enumerate(vectors)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+def floats_base64(vector: Sequence[float]) -> str:
+    """Little-endian float32, base64-encoded (OpenAI's ``encoding_format: base64``)."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+def model_object(name: str, modified_at: datetime, owned_by: str) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": int(modified_at.timestamp()),
+        "owned_by": owned_by,
+    }
