@@ -1,0 +1,140 @@
+"""A small synchronous HTTP client for the server's native API, used by the commands.
+
+Errors come back as :class:`CLIError` carrying the text the user sees after ``Error:``;
+the server's own ``{"error": ...}`` message is passed through unchanged, as Ollama does.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+# Generation can take as long as the model needs; only connecting is bounded.
+_TIMEOUT = httpx.Timeout(None, connect=10.0)
+
+
+class CLIError(Exception):
+    """A failure to report as ``Error: <message>`` with exit status 1."""
+
+
+class ServerError(CLIError):
+    """The server answered with an error; ``status`` is 0 for an error line mid-stream."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Client:
+    """The server's ``/api`` endpoints over one connection pool."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = self._new_pool()
+
+    def _new_pool(self) -> httpx.Client:
+        # Like Go's ProxyFromEnvironment, never send loopback traffic through a proxy.
+        return httpx.Client(
+            base_url=self.base_url, timeout=_TIMEOUT, trust_env=not _is_loopback(self.base_url)
+        )
+
+    def reset(self) -> None:
+        """Drop every connection (after Ctrl-C interrupted a read mid-way)."""
+        self._http.close()
+        self._http = self._new_pool()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _unreachable(self) -> CLIError:
+        return CLIError(f"could not connect to ollamatrio server, is it running? ({self.base_url})")
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content: bytes | Iterable[bytes] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """One request, raising :class:`ServerError` for any 4xx/5xx answer."""
+        try:
+            response = self._http.request(method, path, json=body, content=content, headers=headers)
+        except httpx.TransportError as exc:
+            raise self._error_for(exc) from exc
+        if response.is_error:
+            raise _server_error(response)
+        return response
+
+    def json(self, method: str, path: str, body: Any = None) -> Any:
+        response = self.request(method, path, body)
+        return response.json() if response.content else None
+
+    @contextmanager
+    def stream(self, path: str, body: Any) -> Iterator[Iterator[dict[str, Any]]]:
+        """POST ``body`` and iterate over the NDJSON objects of the answer.
+
+        Leaving the block closes the connection, which cancels the work on the server
+        (how Ctrl-C stops a generation)."""
+        try:
+            with self._http.stream("POST", path, json=body) as response:
+                if response.is_error:
+                    response.read()
+                    raise _server_error(response)
+                yield _ndjson(response)
+        except httpx.TransportError as exc:
+            raise self._error_for(exc) from exc
+
+    def _error_for(self, exc: httpx.TransportError) -> CLIError:
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            return self._unreachable()
+        return CLIError(f"lost the connection to the server: {exc}")
+
+
+def _ndjson(response: httpx.Response) -> Iterator[dict[str, Any]]:
+    for line in response.iter_lines():
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CLIError(f"unexpected server response: {line[:200]!r}") from exc
+        if isinstance(obj, dict) and obj.get("error"):
+            raise ServerError(str(obj["error"]), 0)
+        yield obj
+
+
+def _server_error(response: httpx.Response) -> ServerError:
+    message = ""
+    try:
+        body = response.json()
+        if isinstance(body, dict):
+            message = str(body.get("error") or "")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        message = response.text.strip()
+    if not message:
+        message = f"{response.status_code} {response.reason_phrase}".strip()
+    return ServerError(message, response.status_code)
