@@ -19,7 +19,7 @@ from ollamatrio.engines.process import ProcessEngineFactory
 def runner_of(srv, model: str):
     """The loaded engine (a runner client) of ``model``, from the scheduler's books."""
     (info,) = [i for i in srv.scheduler.ps() if i.name == model]
-    return srv.scheduler._runners[info.model_path].engine
+    return srv.scheduler.runner(info.model_path).engine
 
 
 async def test_tiny_model_through_the_official_client(api_server) -> None:
@@ -86,7 +86,7 @@ async def test_disconnect_frees_the_llama_cpp_slot(api_server, smollm2_path: Pat
                 engine = runner_of(srv, "smol:latest")
                 assert any(slot["is_processing"] for slot in await engine.slots())
             with trio.fail_after(0.5):
-                runner = srv.scheduler._runners[engine.spec.model_path]
+                runner = srv.scheduler.runner(engine.spec.model_path)
                 await runner.wait_until(lambda: runner.refs == 0)
             # llama.cpp notices the closed connection at its next token and frees the slot.
             with trio.fail_after(2):  # polls another process

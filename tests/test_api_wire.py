@@ -448,7 +448,7 @@ async def test_client_disconnect_frees_the_lease(api_server) -> None:
                 engine = srv.engines.engines["tiny:latest"]
                 assert engine.active_streams == 1
                 # The server runs in this Trio run: wait on the runner's own state changes.
-                runner = srv.scheduler._runners[info.model_path]
+                runner = srv.scheduler.runner(info.model_path)
             # The response is closed mid-stream: httpx drops the connection.
             with trio.fail_after(0.1):
                 await runner.wait_until(lambda: runner.refs == 0)

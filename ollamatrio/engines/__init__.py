@@ -1,15 +1,23 @@
-"""Engines: what hosts a loaded model (a llama.cpp runner process, or a simulation)."""
+"""Engines: what hosts a loaded model (a llama.cpp runner process, or a simulation).
+
+Imports stay inside the function: the runner subprocess imports ``engines.protocol`` and
+must not pay for the server-side modules.
+"""
 
 from __future__ import annotations
 
-from ..config import Settings
-from ..devices import DeviceSource, SimulatedDevices
-from .protocol import EngineFactory
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..devices import DeviceSource
+    from .protocol import EngineFactory
 
 
 def default_engine_factory(settings: Settings, devices: DeviceSource) -> EngineFactory:
     """The engine the settings ask for: runner subprocesses, or the simulation."""
     if settings.engine == "simulated":
+        from ..devices import SimulatedDevices
         from .simulated import SimulatedEngineFactory, behaviours_from_json
 
         default, models = behaviours_from_json(settings.simulated_engine)

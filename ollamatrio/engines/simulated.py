@@ -18,7 +18,7 @@ import itertools
 import json
 import math
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -114,7 +114,8 @@ class SimulatedEngine:
         self._check_alive()
         self.active_streams += 1
         try:
-            yield self._stream(request)
+            async with aclosing(self._stream(request)) as chunks:
+                yield chunks
         finally:
             self.active_streams -= 1
 

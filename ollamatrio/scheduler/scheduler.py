@@ -199,6 +199,10 @@ class Scheduler:
         return sorted(infos, key=lambda i: math.inf if i.expires_at is None else i.expires_at,
                       reverse=True)
 
+    def runner(self, model_path: str) -> Runner | None:
+        """The resident (or loading) runner for a model file, if any."""
+        return self._runners.get(model_path)
+
     def queue_depth(self) -> dict[str, int]:
         depth: dict[str, int] = {}
         for p in self._pending:

@@ -233,7 +233,7 @@ def run_create(store: ModelStore, request: CreateRequest) -> Iterator[dict[str, 
         yield {"status": "writing manifest"}
         store.write_manifest(target, Manifest(config=config_layer, layers=tuple(layers)))
         if old is not None and not store.noprune:
-            store._remove_unreferenced(old.digests())
+            store.remove_unreferenced(old.digests())
         yield {"status": "success"}
 
 

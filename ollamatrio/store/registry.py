@@ -234,7 +234,9 @@ async def run_pull(
         unused = old_digests - manifest.digests()
         if unused and not store.noprune:
             await send.send({"status": "removing unused layers"})
-            await trio.to_thread.run_sync(_remove_unreferenced, store, unused)
+            # Blobs of the replaced version that no manifest uses any more (Ollama's
+            # deleteUnusedLayers).
+            await trio.to_thread.run_sync(store.remove_unreferenced, unused)
         await send.send({"status": "success"})
 
 
@@ -316,12 +318,6 @@ def _existing_digests(store: ModelStore, model: ModelName) -> set[str]:
     except (StoreError, OSError) as exc:
         log.warning("pulling %s over an unreadable manifest: %s", model, exc)
         return set()
-
-
-def _remove_unreferenced(store: ModelStore, digests: set[str]) -> None:
-    # Blobs of the replaced version that no manifest uses any more (Ollama's
-    # deleteUnusedLayers).  The store has no public spelling of this yet.
-    store._remove_unreferenced(digests)
 
 
 @contextlib.contextmanager

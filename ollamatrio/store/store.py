@@ -565,7 +565,7 @@ class ModelStore:
                 digests = set()
             self._confined(path).unlink()
             self._prune_dirs(self.manifests_dir)
-            self._remove_unreferenced(digests)
+            self.remove_unreferenced(digests)
 
     def _referenced(self) -> set[str] | None:
         """Digests any manifest names; None if some manifest cannot be read (be careful)."""
@@ -578,7 +578,9 @@ class ModelStore:
                 return None
         return referenced
 
-    def _remove_unreferenced(self, candidates: Iterable[str]) -> tuple[int, int]:
+    def remove_unreferenced(self, candidates: Iterable[str]) -> tuple[int, int]:
+        """Delete those of ``candidates`` that no manifest references and no operation has
+        pinned; returns (blobs removed, bytes removed)."""
         with self._lock:
             referenced = self._referenced()
             if referenced is None:
@@ -614,7 +616,7 @@ class ModelStore:
                         os.unlink(entry.path)
                         temps += 1
             temps += self._remove_manifest_temps()
-            removed, removed_bytes = self._remove_unreferenced(candidates)
+            removed, removed_bytes = self.remove_unreferenced(candidates)
             self._prune_dirs(self.manifests_dir)
         if removed or temps:
             log.info(
