@@ -21,7 +21,7 @@ from .._version import __version__
 from ..engines.protocol import Chunk, CompletionRequest
 from ..errors import InvalidRequestError, ModelNotFoundError, OllamatrioError
 from ..scheduler import ModelRequest
-from ..store import parse_digest
+from ..store import Model, parse_digest
 from ..store.registry import start_pull
 from .models import ApiContext, require, show
 from .requests import (
@@ -208,9 +208,9 @@ class OllamaApi:
 
     # -- generation -------------------------------------------------------------------
 
-    async def _prepare(
+    async def prepare(
         self, req: GenerateRequest | ChatRequest, label: str
-    ) -> tuple[ModelRequest, Any, list[str]] | Response:
+    ) -> tuple[ModelRequest, Model, list[str]] | Response:
         """Resolve and check the model; answer unload requests at once (B23)."""
         model = await self.ctx.resolve(req.model)
         empty = not req.prompt if isinstance(req, GenerateRequest) else not req.messages
@@ -242,28 +242,14 @@ class OllamaApi:
     async def generate(self) -> Response:
         started = trio.current_time()
         req = GenerateRequest.parse(await read_json(request.body))
-        prepared = await self._prepare(req, "generate")
+        prepared = await self.prepare(req, "generate")
         if isinstance(prepared, Response):
             return prepared
         model_request, model, _caps = prepared
         if not req.prompt and not req.images:
             await self.ctx.scheduler.load(model_request)  # B24: load only
             return json_response(self._done(req, "load"))
-        if req.raw or req.suffix:
-            completion = CompletionRequest(prompt=req.prompt, suffix=req.suffix or None)
-        else:
-            messages: list[dict[str, Any]] = []
-            system = req.system or model.system
-            if system:
-                messages.append({"role": "system", "content": system})
-            if not req.context:
-                messages.extend(dict(m) for m in model.messages)
-            user: dict[str, Any] = {"role": "user", "content": req.prompt}
-            if req.images:
-                user["images"] = list(req.images)
-            messages.append(user)
-            completion = CompletionRequest(messages=messages)
-        completion = _with_common(completion, req, model_request.options)
+        completion = generate_completion(req, model, model_request.options)
         events = completion_events(
             self.ctx,
             model_request,
@@ -277,23 +263,14 @@ class OllamaApi:
     async def chat(self) -> Response:
         started = trio.current_time()
         req = ChatRequest.parse(await read_json(request.body))
-        prepared = await self._prepare(req, "chat")
+        prepared = await self.prepare(req, "chat")
         if isinstance(prepared, Response):
             return prepared
         model_request, model, _caps = prepared
         if not req.messages:
             await self.ctx.scheduler.load(model_request)
             return json_response(self._done(req, "load"))
-        messages: list[dict[str, Any]] = []
-        if model.system and req.messages[0].get("role") != "system":
-            messages.append({"role": "system", "content": model.system})
-        messages.extend(dict(m) for m in model.messages)
-        messages.extend(req.messages)
-        completion = _with_common(
-            CompletionRequest(messages=messages, tools=list(req.tools) or None),
-            req,
-            model_request.options,
-        )
+        completion = chat_completion(req, model, model_request.options)
         events = completion_events(
             self.ctx,
             model_request,
@@ -306,7 +283,7 @@ class OllamaApi:
 
     # -- embeddings -------------------------------------------------------------------
 
-    async def _embed(
+    async def embed_inputs(
         self, name: str, inputs: tuple[str, ...], options: Mapping[str, Any],
         keep_alive: float | None, *, truncate: bool = True, dimensions: int | None = None,
     ) -> tuple[list[list[float]], int, float, float]:  # fmt: skip
@@ -329,7 +306,7 @@ class OllamaApi:
 
     async def embed(self) -> Response:
         req = EmbedRequest.parse(await read_json(request.body))
-        vectors, count, load, total = await self._embed(
+        vectors, count, load, total = await self.embed_inputs(
             req.model, req.inputs, req.options, req.keep_alive,
             truncate=req.truncate, dimensions=req.dimensions,
         )  # fmt: skip
@@ -346,7 +323,7 @@ class OllamaApi:
     async def embeddings(self) -> Response:
         req = EmbeddingsRequest.parse(await read_json(request.body))
         inputs = (req.prompt,) if req.prompt else ()
-        vectors, *_ = await self._embed(req.model, inputs, req.options, req.keep_alive)
+        vectors, *_ = await self.embed_inputs(req.model, inputs, req.options, req.keep_alive)
         return json_response({"embedding": vectors[0] if vectors else []})
 
     # -- the store --------------------------------------------------------------------
@@ -512,7 +489,43 @@ async def _discard(body: AsyncIterator[bytes]) -> None:
         pass
 
 
-def _with_common(
+def generate_completion(
+    req: GenerateRequest, model: Model, options: Mapping[str, Any]
+) -> CompletionRequest:
+    """What /api/generate (and /v1/completions) asks of the engine: a raw prompt, or the
+    prompt as chat messages so that the model's own template applies."""
+    if req.raw or req.suffix:
+        completion = CompletionRequest(prompt=req.prompt, suffix=req.suffix or None)
+    else:
+        messages: list[dict[str, Any]] = []
+        system = req.system or model.system
+        if system:
+            messages.append({"role": "system", "content": system})
+        if not req.context:
+            messages.extend(dict(m) for m in model.messages)
+        user: dict[str, Any] = {"role": "user", "content": req.prompt}
+        if req.images:
+            user["images"] = list(req.images)
+        messages.append(user)
+        completion = CompletionRequest(messages=messages)
+    return with_common(completion, req, options)
+
+
+def chat_completion(
+    req: ChatRequest, model: Model, options: Mapping[str, Any]
+) -> CompletionRequest:
+    """What /api/chat (and /v1/chat/completions) asks of the engine."""
+    messages: list[dict[str, Any]] = []
+    if model.system and req.messages[0].get("role") != "system":
+        messages.append({"role": "system", "content": model.system})
+    messages.extend(dict(m) for m in model.messages)
+    messages.extend(req.messages)
+    return with_common(
+        CompletionRequest(messages=messages, tools=list(req.tools) or None), req, options
+    )
+
+
+def with_common(
     completion: CompletionRequest, req: GenerateRequest | ChatRequest, options: Mapping[str, Any]
 ) -> CompletionRequest:
     return CompletionRequest(

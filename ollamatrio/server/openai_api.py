@@ -19,7 +19,6 @@ import trio
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
-from ..engines.protocol import CompletionRequest
 from ..errors import OllamatrioError
 from ..scheduler import ModelRequest
 from ..store import Model
@@ -28,9 +27,10 @@ from .errors import message_for, status_for
 from .models import ApiContext
 from .ollama_api import (
     OllamaApi,
-    _with_common,
+    chat_completion,
     chat_line,
     completion_events,
+    generate_completion,
     generate_line,
     json_response,
 )
@@ -120,7 +120,7 @@ class OpenAiApi:
         self, req: ChatRequest | GenerateRequest, label: str
     ) -> tuple[ModelRequest, Model]:
         """The native checks: model, capabilities (vision, thinking, tools), options."""
-        prepared = await self._native._prepare(req, label)
+        prepared = await self._native.prepare(req, label)
         # Only an unload request (keep_alive 0, which /v1 cannot send) answers at once.
         assert not isinstance(prepared, Response)
         model_request, model, _caps = prepared
@@ -131,16 +131,7 @@ class OpenAiApi:
         req = ChatRequest.parse(wire.chat_body(body))
         usage = wire.include_usage(body)
         model_request, model = await self._prepare(req, "chat")
-        messages: list[dict[str, Any]] = []
-        if model.system and req.messages[0].get("role") != "system":
-            messages.append({"role": "system", "content": model.system})
-        messages.extend(dict(m) for m in model.messages)
-        messages.extend(req.messages)
-        completion = _with_common(
-            CompletionRequest(messages=messages, tools=list(req.tools) or None),
-            req,
-            model_request.options,
-        )
+        completion = chat_completion(req, model, model_request.options)
         events = completion_events(
             self.ctx,
             model_request,
@@ -158,16 +149,7 @@ class OpenAiApi:
         req = GenerateRequest.parse(wire.completion_body(body))
         usage = wire.include_usage(body)
         model_request, model = await self._prepare(req, "generate")
-        if req.suffix:  # fill-in-the-middle: the engine builds the infill prompt
-            completion = CompletionRequest(prompt=req.prompt, suffix=req.suffix)
-        else:
-            messages: list[dict[str, Any]] = []
-            if model.system:
-                messages.append({"role": "system", "content": model.system})
-            messages.extend(dict(m) for m in model.messages)
-            messages.append({"role": "user", "content": req.prompt})
-            completion = CompletionRequest(messages=messages)
-        completion = _with_common(completion, req, model_request.options)
+        completion = generate_completion(req, model, model_request.options)
         events = completion_events(
             self.ctx,
             model_request,
@@ -187,7 +169,7 @@ class OpenAiApi:
         name = get_model(body)
         inputs = wire.embedding_inputs(body)
         fmt = wire.encoding_format(body)
-        vectors, count, _load, _total = await self._native._embed(
+        vectors, count, _load, _total = await self._native.embed_inputs(
             name, inputs, {}, None, dimensions=wire.dimensions(body)
         )
         return json_response(wire.embedding_list(name, vectors, count, fmt))
