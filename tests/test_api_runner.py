@@ -85,13 +85,15 @@ async def test_disconnect_frees_the_llama_cpp_slot(api_server, smollm2_path: Pat
                         break
                 engine = runner_of(srv, "smol:latest")
                 assert any(slot["is_processing"] for slot in await engine.slots())
+            disconnected = trio.current_time()
             with trio.fail_after(0.5):
                 runner = srv.scheduler.runner(engine.spec.model_path)
                 await runner.wait_until(lambda: runner.refs == 0)
             # llama.cpp notices the closed connection at its next token and frees the slot.
             with trio.fail_after(2):  # polls another process
                 while any(slot["is_processing"] for slot in await engine.slots()):  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+                    await trio.sleep(0.005)
+            assert trio.current_time() - disconnected < 0.1
 
 
 @pytest.mark.slow
