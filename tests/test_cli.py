@@ -24,7 +24,7 @@ import trio
 from ollamatrio._version import __version__
 from ollamatrio.cli.humanize import human_bytes
 from ollamatrio.store import MEDIA_MODEL, MEDIA_TEMPLATE
-from ollamatrio.testing.fake_registry import FakeRegistry
+from ollamatrio.testing.fake_registry import FakeRegistry, Stall
 
 if TYPE_CHECKING:
     from conftest import RunningServer, ServerFactory
@@ -179,6 +179,42 @@ async def test_run_pulls_a_missing_model_first(
     assert err.splitlines()[0] == "pulling manifest"
     assert err.splitlines()[-1] == "success"
     assert len(out.split()) == 16
+
+
+async def test_interrupted_pull_resumes_where_it_stopped(
+    api_server: ServerFactory, registry: FakeRegistry, nursery: trio.Nursery
+) -> None:
+    weights = os.urandom(3 << 20)
+    digest = "sha256:" + hashlib.sha256(weights).hexdigest()
+    registry.add_model("library/big:latest", [(MEDIA_MODEL, weights)])
+    stall = Stall(after=1 << 20, seconds=600)  # 1 MiB arrives, then the network hangs
+    registry.stalls[digest] = [stall]
+    name = registry.model_name("library/big:latest")
+    async with api_server() as srv:
+        first = await nursery.start(
+            partial(
+                trio.run_process,
+                [sys.executable, "-m", "ollamatrio", "pull", "--insecure", name],
+                env=cli_env(srv.url),
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+        )
+        with trio.fail_after(CLI_TIMEOUT):
+            await stall.began.wait()
+            first.send_signal(signal.SIGINT)  # the user gives up: Ctrl-C
+            assert await first.wait() != 0
+        listed, _ = text(await cli(srv.url, "list"))
+        assert "big" not in listed  # nothing half-pulled is ever a model
+        second = await cli(srv.url, "pull", "--insecure", name)
+        listed, _ = text(await cli(srv.url, "list"))
+    assert second.returncode == 0, second.stderr
+    assert "big:latest" in listed
+    ranges = [r.range for r in registry.requests if r.path.endswith(digest) and r.method == "GET"]
+    assert ranges[-1] is not None
+    assert not ranges[-1].startswith("bytes=0-")  # the second pull went on from the partial
+    assert registry.bytes_served[digest] < len(weights) + (1 << 20) // 2
 
 
 # --- list, ps, show, stop, cp, rm ------------------------------------------------------

@@ -50,10 +50,12 @@ class RequestRecord:
 
 @dataclass
 class Stall:
-    """Send ``after`` body bytes, then go quiet for ``seconds`` and drop the connection."""
+    """Send ``after`` body bytes, then go quiet for ``seconds`` and drop the connection;
+    ``began`` is set when the quiet starts."""
 
     after: int
     seconds: float
+    began: trio.Event = field(default_factory=trio.Event, compare=False)
 
 
 @dataclass
@@ -277,6 +279,7 @@ class FakeRegistry:
         offset = start
         while offset < stop:
             if stall is not None and sent >= stall.after:
+                stall.began.set()
                 await trio.sleep(stall.seconds)
                 return False
             if limit is not None and sent >= limit:
