@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 import trio
@@ -28,7 +29,12 @@ from ollamatrio.engines.llamacpp_wire import (
     sampling_fields,
     timing_counts,
 )
-from ollamatrio.engines.process import ProcessEngineFactory, RunnerClient, open_http_client
+from ollamatrio.engines.process import (
+    ProcessEngineFactory,
+    RunnerClient,
+    _ChunkStream,
+    open_http_client,
+)
 from ollamatrio.engines.protocol import Chunk, CompletionRequest, LoadSpec
 from ollamatrio.errors import (
     CapabilityError,
@@ -618,3 +624,19 @@ async def test_smollm2_embeddings_are_normalised(smollm2: RunnerClient) -> None:
     assert {len(v) for v in result.vectors} == {576}
     for vector in result.vectors:
         assert math.fsum(x * x for x in vector) == pytest.approx(1.0)
+
+
+async def test_a_generation_stuck_on_one_piece_is_ended() -> None:
+    # B61: 31 identical pieces in a row end the answer; the final chunk says "stop".
+    async def body() -> AsyncIterator[bytes]:
+        yield b'data: {"content": "Hello", "stop": false}\n\n'
+        for _ in range(100):
+            yield b'data: {"content": " la", "stop": false}\n\n'
+
+    response = httpx.Response(200, content=body())
+    stream = _ChunkStream(None, response, CompletionStream())  # type: ignore[arg-type]
+    chunks = [chunk async for chunk in stream]
+    assert [c.content for c in chunks[:-1]] == ["Hello"] + [" la"] * 31
+    assert chunks[-1].done
+    assert chunks[-1].done_reason == "stop"
+    assert chunks[-1].eval_count == 33

@@ -74,6 +74,7 @@ EXIT_REPORT_WAIT = 1.0  # how long a failed request waits to learn that the runn
 STDERR_SETTLE = 0.3  # how long to wait for the last stderr bytes of a dead runner
 HEALTH_TIMEOUT = 5.0
 STDERR_TAIL_BYTES = 8192
+REPEAT_LIMIT = 30  # identical pieces in a row before a generation counts as stuck (B61)
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -524,6 +525,9 @@ class _ChunkStream:
         self._parser = parser
         self._pending: list[Chunk] = []
         self._finished = False
+        self._last_piece = ""
+        self._repeats = 0
+        self._pieces = 0
 
     def __aiter__(self) -> _ChunkStream:
         return self
@@ -533,7 +537,23 @@ class _ChunkStream:
             if self._finished:
                 raise StopAsyncIteration
             await self._read_event()
-        return self._pending.pop(0)
+        chunk = self._pending.pop(0)
+        if chunk.content and not chunk.done and self._stuck(chunk.content):
+            # Ollama's guard (B61): a model emitting the same piece over and over is stuck;
+            # end the answer here (closing the stream stops llama.cpp).
+            log.debug("prediction aborted: %r repeated %d times", chunk.content, self._repeats)
+            self._pending.clear()
+            self._finished = True
+            return Chunk(done=True, done_reason="stop", eval_count=self._pieces)
+        return chunk
+
+    def _stuck(self, piece: str) -> bool:
+        self._pieces += 1
+        if piece == self._last_piece:
+            self._repeats += 1
+        else:
+            self._last_piece, self._repeats = piece, 0
+        return self._repeats > REPEAT_LIMIT
 
     async def _read_event(self) -> None:
         try:
