@@ -20,9 +20,11 @@ from quart import Quart, Response, current_app, request
 from .._version import __version__
 from ..engines.protocol import Chunk, CompletionRequest
 from ..errors import InvalidRequestError, ModelNotFoundError, OllamatrioError
+from ..model_info import cached, read_model_info
 from ..scheduler import ModelRequest
 from ..store import Model, parse_digest
 from ..store.registry import start_pull
+from .gotemplate import is_go_template, parse, render_prompt
 from .models import ApiContext, require, show
 from .requests import (
     ChatRequest,
@@ -219,6 +221,9 @@ class OllamaApi:
             self.ctx.scheduler.unload(str(model.model_path))
             return json_response(self._done(req, "unload"))
         caps = await self.ctx.capabilities(model)
+        if is_go_template(model.template):
+            # The request builders read the cache to see if the GGUF has a chat template.
+            await read_model_info(str(model.model_path))
         require(req.model, caps, "completion", label)
         if _images_present(req):
             require(req.model, caps, "vision", "vision: it has no projector (mmproj)")
@@ -489,37 +494,66 @@ async def _discard(body: AsyncIterator[bytes]) -> None:
         pass
 
 
+def go_template(model: Model, requested: str = "") -> str | None:
+    """The Go template to render the prompt with here, as Ollama does, or None to let
+    llama.cpp apply the GGUF's Jinja template: the request's own ``template``, or a Go
+    template layer on a GGUF that has no chat template of its own."""
+    if requested:
+        return requested
+    if not is_go_template(model.template):
+        return None
+    info = cached(str(model.model_path))  # read by ``prepare``
+    return model.template if info is not None and not info.chat_template else None
+
+
 def generate_completion(
     req: GenerateRequest, model: Model, options: Mapping[str, Any]
 ) -> CompletionRequest:
-    """What /api/generate (and /v1/completions) asks of the engine: a raw prompt, or the
-    prompt as chat messages so that the model's own template applies."""
-    if req.raw or req.suffix:
+    """What /api/generate (and /v1/completions) asks of the engine: a raw prompt, a
+    prompt rendered with a Go template, or the prompt as chat messages so that the
+    model's own template applies."""
+    template = None if req.raw or req.images else go_template(model, req.template)
+    if template is not None and (not req.suffix or "suffix" in parse(template).vars):
+        messages = () if req.suffix else _generate_messages(req, model)
+        prompt = render_prompt(
+            template, messages, think=req.think, prompt=req.prompt, suffix=req.suffix
+        )
+        completion = CompletionRequest(prompt=prompt)
+    elif req.raw or req.suffix:
         completion = CompletionRequest(prompt=req.prompt, suffix=req.suffix or None)
     else:
-        messages: list[dict[str, Any]] = []
-        system = req.system or model.system
-        if system:
-            messages.append({"role": "system", "content": system})
-        if not req.context:
-            messages.extend(dict(m) for m in model.messages)
-        user: dict[str, Any] = {"role": "user", "content": req.prompt}
-        if req.images:
-            user["images"] = list(req.images)
-        messages.append(user)
-        completion = CompletionRequest(messages=messages)
+        completion = CompletionRequest(messages=_generate_messages(req, model))
     return with_common(completion, req, options)
+
+
+def _generate_messages(req: GenerateRequest, model: Model) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    system = req.system or model.system
+    if system:
+        messages.append({"role": "system", "content": system})
+    if not req.context:
+        messages.extend(dict(m) for m in model.messages)
+    user: dict[str, Any] = {"role": "user", "content": req.prompt}
+    if req.images:
+        user["images"] = list(req.images)
+    messages.append(user)
+    return messages
 
 
 def chat_completion(
     req: ChatRequest, model: Model, options: Mapping[str, Any]
 ) -> CompletionRequest:
-    """What /api/chat (and /v1/chat/completions) asks of the engine."""
+    """What /api/chat (and /v1/chat/completions) asks of the engine.  Tool calling and
+    images stay on llama.cpp's messages path."""
     messages: list[dict[str, Any]] = []
     if model.system and req.messages[0].get("role") != "system":
         messages.append({"role": "system", "content": model.system})
     messages.extend(dict(m) for m in model.messages)
     messages.extend(req.messages)
+    template = None if req.tools or req.images else go_template(model)
+    if template is not None:
+        prompt = render_prompt(template, messages, think=req.think)
+        return with_common(CompletionRequest(prompt=prompt), req, options)
     return with_common(
         CompletionRequest(messages=messages, tools=list(req.tools) or None), req, options
     )
