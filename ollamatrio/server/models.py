@@ -92,14 +92,16 @@ def capabilities(model: Model, info: GGUFInfo) -> list[str]:
     """As Ollama derives them: embedding when the GGUF declares a pooling type, else
     completion; tools/insert/thinking from the template; vision with a projector."""
     caps = [Capability.EMBEDDING if info.pooling_type is not None else Capability.COMPLETION]
-    template = model.template or info.chat_template or ""
+    # Both templates count: a Go TEMPLATE layer renders plain prompts, while tool calls go
+    # through the GGUF's own (Jinja) template.  Ollama matches variable names without case.
+    template = f"{model.template or ''}\n{info.chat_template or ''}".lower()
     if "tools" in template:
         caps.append(Capability.TOOLS)
-    if "suffix" in template.lower():
+    if "suffix" in template:
         caps.append(Capability.INSERT)
     if model.projectors:
         caps.append(Capability.VISION)
-    if any(marker in template for marker in _THINKING_MARKERS):
+    if any(marker.lower() in template for marker in _THINKING_MARKERS):
         caps.append(Capability.THINKING)
     for extra in model.config.get("capabilities") or ():
         if isinstance(extra, str) and extra not in caps:
