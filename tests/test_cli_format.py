@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ollamatrio.cli import _keep_alive, _normalise, _think
+from ollamatrio.cli import _keep_alive, _normalise, _think, main
 from ollamatrio.cli.client import CLIError
 from ollamatrio.cli.commands import show_info
 from ollamatrio.cli.humanize import (
@@ -395,3 +395,11 @@ def test_think_flag_rejects_other_levels() -> None:
 
 def test_bare_think_means_true_and_keeps_the_model_positional() -> None:
     assert _normalise(["run", "--think", "m", "hi"]) == ["run", "--think=true", "m", "hi"]
+
+
+def test_run_without_a_model_asks_for_the_model_only(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run"])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "ollamatrio run: error: the following arguments are required: MODEL"

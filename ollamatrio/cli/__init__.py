@@ -105,7 +105,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         p.add_argument(f"--{name}", action="store_true", help=f"Show {name} of a model")
 
     p = run_parser = sub.add_parser("run", help="Run a model")
-    p.add_argument("model", metavar="MODEL")
+    # MODEL is checked by hand: argparse would also call the optional PROMPT "required".
+    p.add_argument("model", metavar="MODEL", nargs="?")
     p.add_argument("prompt", metavar="PROMPT", nargs="*")
     p.add_argument("--keepalive", help="Duration to keep a model loaded (e.g. 5m)")
     p.add_argument("--verbose", action="store_true", help="Show timings for response")
@@ -159,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = run_parser.parse_intermixed_args(
             words[start:], argparse.Namespace(version=args.version, command="run")
         )
+        if args.model is None:
+            run_parser.error("the following arguments are required: MODEL")
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     command = _ALIASES.get(args.command, args.command)
