@@ -88,7 +88,8 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
 
     Options: ``behaviour`` (:class:`SimulatedBehaviour`, fast by default), ``models``
     (extra ``{name: gguf path}`` to import), ``engines`` (another engine factory, e.g.
-    real runner processes), any :class:`Settings` field.
+    real runner processes), ``gpus`` (simulated GPUs, as in OLLAMATRIO_SIMULATED_GPUS),
+    any :class:`Settings` field.
     """
 
     @asynccontextmanager
@@ -97,6 +98,7 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
         behaviour: SimulatedBehaviour | None = None,
         models: dict[str, Path] | None = None,
         engines: EngineFactory | None = None,
+        gpus: list[dict[str, Any]] | None = None,
         **overrides: Any,
     ) -> AsyncIterator[RunningServer]:
         # Imported here so that a broken server module fails only the API tests.
@@ -117,7 +119,7 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
         for name, path in {**wanted, **(models or {})}.items():
             await trio.to_thread.run_sync(import_model, store, name, path)
         devices = SimulatedDevices(
-            json.dumps({"gpus": [], "system": {"total": 64 << 30, "cpu_count": 2}})
+            json.dumps({"gpus": gpus or [], "system": {"total": 64 << 30, "cpu_count": 2}})
         )
         if engines is None:
             engines = SimulatedEngineFactory(

@@ -253,6 +253,23 @@ async def test_ps_shows_loaded_models(api_server: ServerFactory) -> None:
     ), row
 
 
+@pytest.mark.parametrize(
+    ("gpu_total", "processor"),
+    [(8 << 30, r"100% GPU"), (300 << 20, r"\d+%/\d+% CPU/GPU")],
+    ids=["fits", "partial-offload"],
+)
+async def test_ps_processor_column_with_a_gpu(
+    api_server: ServerFactory, tiny_gguf: TinyGGUF, gpu_total: int, processor: str
+) -> None:
+    big = tiny_gguf(layers=8, embd=2048, heads=16, vocab=32000, dtype="f16", sparse=True)
+    gpus = [{"id": "sim0", "total": gpu_total}]
+    async with api_server(gpus=gpus, models={"big": big}) as srv:
+        await cli(srv.url, "run", "big", "hi")
+        out, _ = text(await cli(srv.url, "ps"))
+    row = out.splitlines()[1]
+    assert re.search(rf" {processor} ", row), row
+
+
 async def test_stop_unloads(api_server: ServerFactory) -> None:
     async with api_server() as srv:
         await cli(srv.url, "run", "tiny", "hi")

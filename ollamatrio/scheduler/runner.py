@@ -40,6 +40,7 @@ class RunnerInfo:
     size: int
     size_vram: int
     vram_by_gpu: Mapping[str, int]
+    offloaded_fully: bool  # every layer on GPUs
     context_length: int
     num_parallel: int
     refs: int
@@ -201,6 +202,7 @@ class Runner:
             size=self.memory.total,
             size_vram=self.memory.vram,
             vram_by_gpu=dict(self.memory.vram_by_gpu),
+            offloaded_fully=self.placement.fits_fully and self.placement.num_gpu > 0,
             context_length=self.context_length,
             num_parallel=self.load.num_parallel,
             refs=self.refs,

@@ -367,7 +367,9 @@ class OllamaApi:
                     {
                         "name": info.name,
                         "model": info.name,
-                        "size": info.size,
+                        # As Ollama: a model with every layer on GPUs reports its VRAM as
+                        # its size ("100% GPU"); host-side buffers are not counted then.
+                        "size": info.size_vram if info.offloaded_fully else info.size,
                         "digest": info.digest,
                         "details": dict(info.details),
                         "expires_at": rfc3339_from_timestamp(info.expires_at),
