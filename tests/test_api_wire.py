@@ -545,3 +545,47 @@ async def test_requests_reach_the_engine_as_ollama_builds_them(api_server, tiny_
             )
             assert r.status_code == 400
             assert r.json()["error"] == '"tiny" does not support tools'
+
+
+@pytest.mark.parametrize("path", ["/api/generate", "/v1/completions"])
+async def test_client_gone_before_the_first_byte_returns_the_lease_at_once(
+    api_server: Any, path: str
+) -> None:
+    # The handler has primed the stream (the lease is held) and Quart is sending the head
+    # when the client goes: the body was never started, yet the lease must come back now,
+    # not whenever the generator is garbage-collected.
+    slow = SimulatedBehaviour(load_seconds=0.01, tokens_per_second=5)
+    body = json.dumps({"model": "tiny", "prompt": "hi", "stream": True}).encode()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 11434), "extensions": {},
+    }  # fmt: skip
+    received = False
+    head_sent = trio.Event()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal received
+        if not received:
+            received = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            head_sent.set()
+            await trio.sleep_forever()  # the connection is gone: this write never completes
+
+    async with api_server(behaviour=slow) as srv:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(srv.app, scope, receive, send)
+                await head_sent.wait()
+                (info,) = srv.scheduler.ps()
+                assert info.refs == 1
+                nursery.cancel_scope.cancel()
+            (info,) = srv.scheduler.ps()
+            assert info.refs == 0

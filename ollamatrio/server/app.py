@@ -8,9 +8,12 @@ import logging
 import re
 import socket
 from collections.abc import Sequence
+from typing import Any
 
-from quart import Response, request
+import trio
+from quart import Request, Response, request
 from quart_trio import QuartTrio
+from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
 from ..config import Settings, split_host_port
@@ -20,6 +23,7 @@ from .errors import response_for
 from .models import ApiContext
 from .ollama_api import OllamaApi
 from .openai_api import OpenAiApi
+from .wire import primed_streams
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +80,34 @@ class OriginPolicy:
         return self.any or any(p.match(origin) for p in self._patterns)
 
 
+STREAM_CLOSE_TIMEOUT = 5.0
+
+
+class _HTTPConnection(TrioASGIHTTPConnection):
+    """Closes the streams a handler primed even when Quart never started sending them (the
+    client left between the handler's return and the first byte), so the lease inside is
+    returned at once instead of whenever the garbage collector gets to the generator."""
+
+    async def handle_request(  # type: ignore[override]
+        self, nursery: trio.Nursery, request: Request, send: Any
+    ) -> None:
+        streams: list[Any] = []
+        token = primed_streams.set(streams)
+        try:
+            await super().handle_request(nursery, request, send)
+        finally:
+            primed_streams.reset(token)
+            with trio.CancelScope(shield=True), trio.move_on_after(STREAM_CLOSE_TIMEOUT):
+                for stream in streams:
+                    await stream.aclose()  # a no-op for those Quart already closed
+
+
+class _App(QuartTrio):
+    asgi_http_class = _HTTPConnection
+
+
 def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> QuartTrio:
-    app = QuartTrio("ollamatrio")
+    app = _App("ollamatrio")
     app.config.update(
         RESPONSE_TIMEOUT=None,  # Quart's 60 s default would cut long generations silently
         BODY_TIMEOUT=None,  # blob uploads take as long as they take

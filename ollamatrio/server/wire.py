@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -67,6 +68,14 @@ class Primed:
             await aclose()
 
 
+# Streams a handler primed for its response.  Quart closes a response body once it starts
+# sending it; the HTTP connection (server/app.py) closes these too when the request ends,
+# which covers a client that leaves after the handler returned but before the first byte.
+primed_streams: ContextVar[list[AsyncIterator[Any]] | None] = ContextVar(
+    "primed_streams", default=None
+)
+
+
 async def prime(source: AsyncIterator[Any]) -> Primed | None:
     """Take the first item of ``source`` now; errors before it propagate to the caller.
     ``None`` if the source is empty."""
@@ -79,6 +88,9 @@ async def prime(source: AsyncIterator[Any]) -> Primed | None:
         if aclose is not None:
             await aclose()
         raise
+    streams = primed_streams.get()
+    if streams is not None:
+        streams.append(source)
     return Primed(first, source)
 
 
