@@ -303,6 +303,16 @@ async def test_num_ctx_clamped_to_training_context(autojump_clock, models):
         assert sched.ps()[0].context_length == 8192
 
 
+async def test_different_adapters_reload(autojump_clock, models):
+    async with scheduler() as (sched, engines, _):
+        await use(sched, req(models, "a"))
+        await use(sched, req(models, "a", adapters=("/adapters/one.gguf",)))
+        await use(sched, req(models, "a", adapters=("/adapters/one.gguf",)))
+        assert engines.loads == 2
+        (info,) = sched.ps()
+        assert sched.runner(info.model_path).spec.adapters == ("/adapters/one.gguf",)
+
+
 async def test_sampling_options_and_negative_num_gpu_never_reload(autojump_clock, models):
     async with scheduler() as (sched, engines, _):
         await use(sched, req(models, "a"))

@@ -11,6 +11,7 @@ from ollamatrio.testing.tiny_gguf import (
     Pooling,
     write_tiny_gguf,
 )
+from ollamatrio.testing.tiny_lora import write_tiny_lora
 from ollamatrio.testing.vocab import TokenizerKind
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "Pooling",
     "TokenizerKind",
     "write_tiny_gguf",
+    "write_tiny_lora",
 ]
