@@ -491,7 +491,7 @@ class ProcessEngine(RunnerClient):
             await self._stderr_closed.wait()
         reason = self._tail.error_text()
         if reason is None and during_load:
-            reason = _load_log_error(self._config.socket_dir)
+            reason = await trio.to_thread.run_sync(_load_log_error, self._config.socket_dir)
         what = "llama runner process has terminated"
         exit_text = describe_exit(self.returncode)
         return f"{what}: {exit_text}" + (f": {reason}" if reason else "")
