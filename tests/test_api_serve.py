@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+from helpers.read_only import read_only
 
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
@@ -141,3 +142,36 @@ async def test_run_server_stops_on_signal(tmp_path: Path, signum: signal.Signals
     assert f"received {signum.name}, shutting down" in text
     assert "server stopped" in text
 
+
+async def test_serve_from_a_read_only_store_with_a_leftover_partial(
+    tmp_path: Path, tiny_gguf, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pull cut short leaves ``*-partial-*`` files; a store remounted read-only after that
+    must still start and serve what it holds (start-up clean-up is best-effort)."""
+    settings = Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models")
+    store = ModelStore(settings.models_dir)
+    import_model(store, "tiny", tiny_gguf())
+    partial_file = store.blobs_dir / f"sha256-{'0' * 64}-partial-0"
+    partial_file.write_bytes(b"half a download")
+    engines, devices = _engines(SimulatedBehaviour(load_seconds=0.01, tokens_per_second=100))
+    stop = trio.Event()
+    with read_only(settings.models_dir, monkeypatch):
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                (url,) = await nursery.start(
+                    partial(serve, settings, shutdown_trigger=stop.wait, engines=engines,
+                            devices=devices)
+                )  # fmt: skip
+                async with httpx.AsyncClient(base_url=url) as c:
+                    tags = (await c.get("/api/tags")).json()
+                    assert [m["name"] for m in tags["models"]] == ["tiny:latest"]
+                    assert (await c.post("/api/show", json={"model": "tiny"})).status_code == 200
+                    r = await c.post(
+                        "/api/generate",
+                        json={"model": "tiny", "prompt": "x", "stream": False,
+                              "options": {"num_predict": 3}},
+                    )  # fmt: skip
+                    assert r.status_code == 200, r.text
+                    assert r.json()["done"] is True
+                stop.set()
+    assert partial_file.exists()  # nothing could be removed, and nothing failed for it

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from helpers.read_only import read_only
 
 from ollamatrio.errors import GGUFError, InvalidRequestError, ModelNotFoundError
 from ollamatrio.store import (
@@ -18,6 +19,7 @@ from ollamatrio.store import (
     Manifest,
     ModelName,
     ModelStore,
+    PruneResult,
     StoreError,
     parse_digest,
 )
@@ -475,6 +477,22 @@ def test_prune(store: ModelStore, gguf_path: Path) -> None:
     assert blob_names(store) == kept | {pinned.replace(":", "-")}
     assert not store.has_blob(orphan)
     store.resolve("smollm2:135m")
+
+
+def test_prune_on_a_read_only_store_removes_nothing_and_goes_on(
+    store: ModelStore, gguf_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_ollama_model(store.root, gguf_path)
+    put_blob(store.root, b"orphan")
+    (store.blobs_dir / f"{sha(b'x').replace(':', '-')}-partial-0").write_bytes(b"x")
+    temp = store.manifests_dir / ".tmp-stale"
+    temp.write_bytes(b"x")
+    before = blob_names(store)
+    with read_only(store.root, monkeypatch):
+        assert store.prune() == PruneResult()
+        assert blob_names(store) == before
+        assert temp.exists()
+        assert store.resolve("smollm2:135m").model_path is not None
 
 
 def test_prune_keeps_everything_when_a_manifest_is_unreadable(

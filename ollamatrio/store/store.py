@@ -56,6 +56,19 @@ _CHUNK = 8 << 20
 _HOLE_MIN = 64 << 10  # all-zero runs at least this long stay holes in the blob
 
 
+def _remove_temp(path: str) -> int:
+    """Remove a leftover temporary or partial file: 1 if removed.  Best-effort: on a
+    read-only or otherwise unwritable store it stays, and the store still serves reads."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        log.warning("could not remove leftover file %s: %s", path, exc)
+        return 0
+    return 1
+
+
 def not_found(name: str) -> ModelNotFoundError:
     return ModelNotFoundError(f'model "{name}" not found, try pulling it first')
 
@@ -594,6 +607,9 @@ class ModelStore:
                     path.unlink()
                 except FileNotFoundError:
                     continue
+                except OSError as exc:  # a read-only store still serves what it holds
+                    log.warning("could not remove unused blob %s: %s", path.name, exc)
+                    continue
                 removed += 1
                 removed_bytes += size
             return removed, removed_bytes
@@ -612,9 +628,7 @@ class ModelStore:
                     # Partial downloads and temporary files: Ollama removes these too.
                     if Path(entry.path) in self._temps or entry.is_dir(follow_symlinks=False):
                         continue
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
-                        temps += 1
+                    temps += _remove_temp(entry.path)
             temps += self._remove_manifest_temps()
             removed, removed_bytes = self.remove_unreferenced(candidates)
             self._prune_dirs(self.manifests_dir)
@@ -632,9 +646,7 @@ class ModelStore:
         for dirpath, _dirs, files in os.walk(self.manifests_dir):
             for filename in files:
                 if filename.startswith(_TEMP_PREFIX):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(dirpath, filename))
-                        removed += 1
+                    removed += _remove_temp(os.path.join(dirpath, filename))
         return removed
 
     def _prune_dirs(self, top: Path) -> None:
