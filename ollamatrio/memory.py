@@ -27,6 +27,7 @@ __all__ = [
     "MemoryOptions",
     "ModelProfile",
     "estimate",
+    "gpu_context_reserve",
     "kv_bytes_per_element",
     "plan_layout",
     "profile",
@@ -40,6 +41,16 @@ KV_PAD: Final = 256
 #: psutil, pynvml, gguf (numpy) and the xllamacpp library, plus llama.cpp's server threads.
 #: Measured as RSS minus llama.cpp's own buffers on a 300-token model.
 RUNNER_OVERHEAD: Final = 62 * MiB
+#: VRAM a runner process holds on each GPU it may use, beyond llama.cpp's buffers: the CUDA
+#: context and cuBLAS workspace.  Measured on an H100 (CUDA 13): 546 MiB with a 0.1 MB model
+#: (ctx 2048, 1 slot), 550 MiB with ctx 8192 and 4 slots.  ROCm and Vulkan are unmeasured and
+#: booked like CUDA; Metal shares the host's memory.
+GPU_CONTEXT_RESERVE: Final[Mapping[str, int]] = {
+    "CUDA": 546 * MiB,
+    "ROCm": 546 * MiB,
+    "Vulkan": 546 * MiB,
+    "Metal": 0,
+}
 #: llama.cpp's in-memory vocabulary: bytes per token and per BPE merge rule (measured).
 VOCAB_TOKEN_BYTES: Final = 220
 VOCAB_MERGE_BYTES: Final = 300
@@ -63,6 +74,11 @@ _KV_TYPES: Final[Mapping[str, GGMLQuantizationType]] = {
     for name in ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 }
 _UNQUANTIZED_KV: Final = frozenset({"f32", "f16", "bf16"})
+
+
+def gpu_context_reserve(library: str) -> int:
+    """Bytes a runner holds on each GPU of ``library`` before loading anything."""
+    return GPU_CONTEXT_RESERVE.get(library, GPU_CONTEXT_RESERVE["CUDA"])
 
 
 def kv_bytes_per_element(kv_cache_type: str) -> float:
@@ -425,16 +441,30 @@ def plan_layout(
     *,
     gpu_overhead: int = 0,
     num_gpu: int = -1,
+    reserves: Mapping[str, int] | None = None,
+    factors: Mapping[str, float] | None = None,
 ) -> Layout:
     """Offload as many layers as fit on ``gpus`` ((id, free bytes) pairs), from the last.
 
-    Each GPU can hold ``free - gpu_overhead - graph`` bytes of layers.  The output layer is
-    offloaded only together with every block.  Layers are spread over the GPUs in proportion
-    to that capacity.  ``num_gpu >= 0`` caps the layer count (0: CPU only).
+    Each GPU costs its ``reserves`` entry (the runner's GPU context) plus its layers and the
+    graph, the latter two scaled by its ``factors`` entry (a correction learned from measured
+    loads, 1.0 by default).  So it can hold ``(free - gpu_overhead - reserve) / factor - graph``
+    bytes of layers.  The output layer is offloaded only together with every block.  Layers are
+    spread over the GPUs in proportion to that capacity.  ``num_gpu >= 0`` caps the layer count
+    (0: CPU only).
     """
+    reserves = reserves or {}
+    factors = factors or {}
     n_blocks = estimate.block_count
     limit = n_blocks + 1 if num_gpu < 0 else min(num_gpu, n_blocks + 1)
-    capacity = [max(0, free - gpu_overhead - estimate.gpu_graph) for _, free in gpus]
+    capacity = [
+        max(
+            0,
+            int((free - gpu_overhead - reserves.get(gpu_id, 0)) / factors.get(gpu_id, 1.0))
+            - estimate.gpu_graph,
+        )
+        for gpu_id, free in gpus
+    ]
     sizes = estimate.layer_sizes[::-1]  # top-down: llama.cpp offloads the last layers
 
     counts: list[int] = [0] * len(gpus)
@@ -461,7 +491,8 @@ def plan_layout(
         if count:
             gpu_id = gpus[index][0]
             gpu_layers[gpu_id] = count
-            vram[gpu_id] = sum(seq[start : start + count]) + graph
+            model_part = (sum(seq[start : start + count]) + graph) * factors.get(gpu_id, 1.0)
+            vram[gpu_id] = int(model_part) + reserves.get(gpu_id, 0)
             start += count
 
     cpu_blocks = n_blocks - min(placed, n_blocks)

@@ -255,7 +255,7 @@ async def test_ps_shows_loaded_models(api_server: ServerFactory) -> None:
 
 @pytest.mark.parametrize(
     ("gpu_total", "processor"),
-    [(8 << 30, r"100% GPU"), (300 << 20, r"\d+%/\d+% CPU/GPU")],
+    [(8 << 30, r"100% GPU"), ((546 + 300) << 20, r"\d+%/\d+% CPU/GPU")],
     ids=["fits", "partial-offload"],
 )
 async def test_ps_processor_column_with_a_gpu(

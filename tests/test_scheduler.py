@@ -26,7 +26,7 @@ from ollamatrio.errors import (
     RunnerStartError,
 )
 from ollamatrio.gguf import read_gguf
-from ollamatrio.memory import MemoryOptions, estimate
+from ollamatrio.memory import MemoryOptions, estimate, gpu_context_reserve
 from ollamatrio.model_info import read_cached
 from ollamatrio.scheduler import ModelRequest, Scheduler, open_scheduler
 from ollamatrio.testing import write_tiny_gguf
@@ -338,6 +338,66 @@ async def test_default_max_models_is_three_on_cpu(autojump_clock, models):
         assert len(sched.ps()) == 3
 
 
+async def test_default_context_comes_from_the_first_inventory_for_every_model(
+    autojump_clock, tmp_path
+):
+    # Models that train at 262144, so the tier is not hidden by a clamp.
+    paths = {
+        name: write_tiny_gguf(tmp_path / f"{name}.gguf", ctx=262144, name=name)
+        for name in ("first", "second")
+    }
+    gpu = {"id": "sim0", "total": 80 * GiB}
+    async with scheduler(gpus=[gpu], context_length=0, max_loaded_models=2) as (sched, _, _):
+        assert sched.default_context_length == 262144
+        assert sched.max_loaded_models == 2
+        seen = {}
+        for name, path in paths.items():
+            async with sched.lease(ModelRequest(name=name, model_path=str(path))) as lease:
+                seen[name] = lease.runner.context_length
+        assert seen == {"first": 262144, "second": 262144}
+
+
+async def test_automatic_max_models_comes_from_the_first_inventory(autojump_clock, models):
+    gpus = [{"id": f"sim{i}", "total": 80 * GiB} for i in range(2)]
+    async with scheduler(gpus=gpus) as (sched, _, _):
+        assert sched.max_loaded_models == 6
+
+
+async def test_gpu_loads_book_the_runner_gpu_context(autojump_clock, models):
+    gpu = {"id": "sim0", "total": 80 * GiB}
+    async with scheduler(gpus=[gpu]) as (sched, _, devices):
+        await use(sched, req(models, "a"))
+        runner = sched.runner(str(models["a"]))
+        assert runner is not None
+        est = estimate(read_gguf(models["a"]), MemoryOptions(num_ctx=runner.load.num_ctx))
+        predicted = runner.placement.vram_by_gpu["sim0"]
+        assert runner.placement.reserve_by_gpu == {"sim0": gpu_context_reserve("CUDA")}
+        assert predicted == sum(est.layer_sizes) + est.output_weights + est.gpu_graph_full + (
+            gpu_context_reserve("CUDA")
+        )
+        # What the simulated runner holds (context included) is what was booked.
+        assert devices.usage(runner.name + "#0") == {"sim0": predicted}
+
+
+async def test_measured_vram_corrects_later_placements_on_that_gpu(autojump_clock, models):
+    gpu = {"id": "sim0", "total": 80 * GiB}
+    # Every model really takes 20 % more VRAM than predicted.
+    heavy = SimulatedBehaviour(load_seconds=1.0, vram_factor=1.2)
+    async with scheduler(gpus=[gpu], default=heavy, max_loaded_models=5) as (sched, _, _):
+        await use(sched, req(models, "a"))
+        first = sched.runner(str(models["a"]))
+        assert first is not None
+        assert first.memory.vram_by_gpu["sim0"] > first.placement.vram_by_gpu["sim0"] * 1.1
+        assert sched.calibration.factor("sim0") == pytest.approx(1.2, rel=0.01)
+
+        await use(sched, req(models, "b"))
+        second = sched.runner(str(models["b"]))
+        assert second is not None
+        predicted = second.placement.vram_by_gpu["sim0"]
+        measured = second.memory.vram_by_gpu["sim0"]
+        assert predicted == pytest.approx(measured, rel=0.01)
+
+
 async def test_busy_runner_is_not_evicted_until_idle(autojump_clock, models):
     async with scheduler(max_loaded_models=1) as (sched, _, _):
         async with trio.open_nursery() as nursery:
@@ -482,8 +542,10 @@ async def test_load_error_reaches_requester_and_next_request_retries(autojump_cl
 
 
 async def test_load_oom_retries_with_smaller_automatic_context(autojump_clock, models):
-    async with scheduler(context_length=0) as (sched, engines, _):
-        sched._default_ctx = 8192  # as if the GPUs had asked for a large default
+    # A 24 GiB GPU asks for the 32768 tier, clamped to the model's 8192 training context.
+    gpu = {"id": "sim0", "total": 24 * GiB}
+    async with scheduler(gpus=[gpu], context_length=0) as (sched, engines, _):
+        assert sched.default_context_length == 32768
         engines.models["a"] = SimulatedBehaviour(load_seconds=1, fail_load="oom")
 
         original_open = engines.open

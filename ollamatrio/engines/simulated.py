@@ -27,7 +27,7 @@ import trio
 from ..devices import SimulatedDevices
 from ..errors import OutOfMemoryError, RunnerCrashedError, RunnerStartError
 from ..gguf import GGUFInfo
-from ..memory import MemoryOptions, estimate, plan_layout
+from ..memory import MemoryOptions, estimate, gpu_context_reserve, plan_layout
 from ..model_info import read_model_info
 from .protocol import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage
 
@@ -46,6 +46,9 @@ class SimulatedBehaviour:
     fail_load: str | None = None  # "error" | "oom"
     crash_after_tokens: int | None = None  # the runner "dies" mid-stream
     oom_at_runtime: bool = False  # generation fails with an out-of-memory error
+    # How the model's real VRAM compares with the prediction (the GPU context reserve is
+    # always held in full, as a real runner's CUDA context is).
+    vram_factor: float = 1.0
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> SimulatedBehaviour:
@@ -209,8 +212,14 @@ class SimulatedEngineFactory:
             return MemoryUsage(total=est.total)
         inventory = await self._devices.inventory()
         free = {g.id: g.free for g in inventory.gpus}
+        reserves = {g.id: gpu_context_reserve(g.library) for g in inventory.gpus}
+        factor = self.behaviour_for(spec).vram_factor
         layout = plan_layout(
-            est, [(g, free.get(g, 0)) for g in spec.gpu_ids], num_gpu=spec.num_gpu
+            est,
+            [(g, free.get(g, 0)) for g in spec.gpu_ids],
+            num_gpu=spec.num_gpu,
+            reserves=reserves,
+            factors=dict.fromkeys(spec.gpu_ids, factor),
         )
         vram = {k: v for k, v in layout.vram_by_gpu.items() if v > 0}
         return MemoryUsage(total=layout.host_bytes + sum(vram.values()), vram_by_gpu=vram)

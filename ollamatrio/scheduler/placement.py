@@ -34,6 +34,8 @@ class DeviceRoom:
     library: str
     free: int
     integrated: bool = False
+    reserve: int = 0  # the runner's GPU context (memory.GPU_CONTEXT_RESERVE)
+    factor: float = 1.0  # correction learned from measured loads on this GPU
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ class Placement:
     host_bytes: int = 0
     tensor_split: tuple[float, ...] = ()
     fits_fully: bool = False  # every layer on GPUs
+    # What the prediction on each used GPU assumed: its context reserve and correction.
+    reserve_by_gpu: dict[str, int] = field(default_factory=dict)
+    factor_by_gpu: dict[str, float] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -68,6 +73,8 @@ def _from_layout(gpus: Sequence[DeviceRoom], layout: Layout) -> Placement:
         host_bytes=layout.host_bytes,
         tensor_split=tuple(layout.tensor_split) if len(used) > 1 else (),
         fits_fully=layout.fits_fully,
+        reserve_by_gpu={g.id: g.reserve for g in gpus if g.id in used},
+        factor_by_gpu={g.id: g.factor for g in gpus if g.id in used},
     )
 
 
@@ -90,7 +97,12 @@ def choose_placement(
 
     def layout(devs: Sequence[DeviceRoom]) -> Layout:
         return plan_layout(
-            estimate, [(d.id, d.free) for d in devs], gpu_overhead=gpu_overhead, num_gpu=num_gpu
+            estimate,
+            [(d.id, d.free) for d in devs],
+            gpu_overhead=gpu_overhead,
+            num_gpu=num_gpu,
+            reserves={d.id: d.reserve for d in devs},
+            factors={d.id: d.factor for d in devs},
         )
 
     def host_ok(p: Placement) -> bool:

@@ -45,7 +45,8 @@ from ..errors import (
     SchedulerClosedError,
 )
 from ..gguf import GGUFInfo
-from ..memory import Estimate, MemoryOptions, estimate
+from ..memory import Estimate, MemoryOptions, estimate, gpu_context_reserve
+from .calibration import VramCalibration
 from .options import LoadOptions, default_context_length, needs_reload, resolve_load_options
 from .placement import DeviceRoom, Placement, choose_placement
 from .runner import Runner, RunnerInfo, RunnerState
@@ -147,8 +148,10 @@ class Scheduler:
         self._wakeup = trio.Event()  # the placement task's
         self._changed = trio.Event()  # anyone else's (I4: swapped on every change)
         self._closed = False
+        # Frozen from the first inventory in open_scheduler (B11, B15).
         self._max_models = settings.max_loaded_models
-        self._default_ctx: int | None = None
+        self._default_ctx = default_context_length(settings.context_length, 0)
+        self.calibration = VramCalibration()
         # Wall-clock seconds of recent placement passes (benchmarks, metrics).
         self.pass_seconds: deque[float] = deque(maxlen=4096)
 
@@ -320,11 +323,28 @@ class Scheduler:
         except GGUFError as exc:
             raise RunnerStartError(str(exc)) from exc
 
+    async def _freeze_limits(self) -> None:
+        """B11/B15: the default context and the automatic model count come from the GPUs
+        seen at start, the same for every model (GPU hot-plug is not followed)."""
+        inventory = await self._devices.inventory()
+        if self._max_models <= 0:
+            self._max_models = 3 * max(1, len(inventory.gpus))
+        self._default_ctx = default_context_length(
+            self.settings.context_length,
+            sum(g.total for g in inventory.gpus),
+            self.settings.gpu_overhead,
+        )
+
+    @property
+    def default_context_length(self) -> int:
+        """The ``num_ctx`` a model gets when nothing asks for one."""
+        return self._default_ctx
+
+    @property
+    def max_loaded_models(self) -> int:
+        return self._max_models
+
     def _load_options(self, request: ModelRequest, info: GGUFInfo) -> LoadOptions:
-        if self._default_ctx is None:
-            # Decided once, from the GPUs seen at the first load (B15); until the first
-            # inventory arrives, the configured value or the smallest tier.
-            self._default_ctx = default_context_length(self.settings.context_length, 0)
         return resolve_load_options(
             request.options,
             default_num_ctx=self._default_ctx,
@@ -367,13 +387,6 @@ class Scheduler:
             if not self._pending:
                 continue
             inventory = await self._devices.inventory()
-            if self._max_models <= 0:
-                self._max_models = 3 * max(1, len(inventory.gpus))  # B11, once
-            if self._default_ctx is None or self.settings.context_length <= 0:
-                total_vram = sum(g.total for g in inventory.gpus)
-                self._default_ctx = default_context_length(
-                    self.settings.context_length, total_vram, self.settings.gpu_overhead
-                )
             self._place_pending(inventory)
 
     def _place_pending(self, inventory: Inventory) -> None:
@@ -541,7 +554,16 @@ class Scheduler:
             total_left = max(0, gpu.total - used.get(gpu.id, 0) - freed.get(gpu.id, 0))
             free = min(gpu.free + freed.get(gpu.id, 0), total_left + freed.get(gpu.id, 0))
             free = max(0, free - sum(p.vram_by_gpu.get(gpu.id, 0) for p in reserved))
-            rooms.append(DeviceRoom(gpu.id, gpu.library, free, gpu.integrated))
+            rooms.append(
+                DeviceRoom(
+                    gpu.id,
+                    gpu.library,
+                    free,
+                    gpu.integrated,
+                    reserve=gpu_context_reserve(gpu.library),
+                    factor=self.calibration.factor(gpu.id),
+                )
+            )
         system = inventory.system
         host_free = min(
             system.free + host_freed,
@@ -609,6 +631,9 @@ class Scheduler:
                 async with self._engines.open(runner.spec) as engine:
                     runner.loaded_at = trio.current_time()
                     runner.mark_ready(engine)
+                    self.calibration.observe(
+                        runner.placement, engine.memory.vram_by_gpu, runner.name
+                    )
                     log.info(
                         "loaded %s in %.2fs", runner.name, runner.loaded_at - runner.load_started
                     )
@@ -675,6 +700,7 @@ async def open_scheduler(
         engines = default_engine_factory(settings, devices)
     async with trio.open_nursery() as nursery:
         sched = Scheduler(settings, engines, devices, nursery)
+        await sched._freeze_limits()
         await nursery.start(sched._placement_loop)
         try:
             yield sched
