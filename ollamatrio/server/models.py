@@ -21,6 +21,11 @@ from .wire import rfc3339
 # Ollama empties metadata arrays longer than this in /api/show unless ``verbose``.
 SHOW_ARRAY_LIMIT = 5
 
+#: How long a resolved model or the model list is served from memory before the store is
+#: looked at again (for other processes writing it; this process's own writes take effect
+#: at once through ``ModelStore.generation``).
+REVALIDATE_AFTER = 1.0
+
 _THINKING_MARKERS = ("<think>", "enable_thinking", "reasoning_content", ".Thinking", "thinking")
 
 
@@ -32,14 +37,44 @@ class ApiContext:
     store: ModelStore
     settings: Settings
     _gguf: dict[str, GGUFInfo] = field(default_factory=dict)
+    # Resolved models by the name asked for, and the model list, each with the trio time
+    # they were read and the store generation they were read at.
+    _models: dict[str, tuple[float, int, Model]] = field(default_factory=dict)
+    _listing: tuple[float, int, list[Model]] | None = None
+
+    def _fresh(self, read_at: float, generation: int) -> bool:
+        return (
+            generation == self.store.generation
+            and trio.current_time() - read_at < REVALIDATE_AFTER
+        )
 
     async def resolve(self, name: str) -> Model:
-        """The stored model ``name`` (404 if absent, 400 for a bad name)."""
-        parse_name(name)  # a bad name is a 400 before any file is touched
-        model = await trio.to_thread.run_sync(self.store.resolve, name)
+        """The stored model ``name`` (404 if absent, 400 for a bad name).  Served from
+        memory on the hot path; the store is read again after this process changed it or
+        :data:`REVALIDATE_AFTER` seconds passed."""
+        cached = self._models.get(name)
+        if cached is not None and self._fresh(cached[0], cached[1]):
+            model = cached[2]
+        else:
+            parse_name(name)  # a bad name is a 400 before any file is touched
+            generation = self.store.generation
+            model = await trio.to_thread.run_sync(self.store.resolve, name)
+            if len(self._models) > 4096:  # names are client input: bound the memory
+                self._models.clear()
+            self._models[name] = (trio.current_time(), generation, model)
         if model.model_path is None:
             raise InvalidRequestError(f'"{name}" has no model weights')
         return model
+
+    async def list_models(self) -> list[Model]:
+        """Every stored model, newest first (``/api/tags``, ``/v1/models``), from memory
+        while fresh."""
+        if self._listing is not None and self._fresh(self._listing[0], self._listing[1]):
+            return self._listing[2]
+        generation = self.store.generation
+        models = await trio.to_thread.run_sync(self.store.list)
+        self._listing = (trio.current_time(), generation, models)
+        return models
 
     async def gguf(self, path: str) -> GGUFInfo:
         """Header of a model file; blobs are content-addressed, so the cache never goes stale."""

@@ -334,7 +334,7 @@ class OllamaApi:
     # -- the store --------------------------------------------------------------------
 
     async def tags(self) -> Response:
-        models = await trio.to_thread.run_sync(self.ctx.store.list)
+        models = await self.ctx.list_models()
         return json_response(
             {
                 "models": [

@@ -177,7 +177,7 @@ class OpenAiApi:
     # -- models -----------------------------------------------------------------------
 
     async def list_models(self) -> Response:
-        models = await trio.to_thread.run_sync(self.ctx.store.list)
+        models = await self.ctx.list_models()
         data = [wire.model_object(m.short_name, m.modified_at, m.name.namespace) for m in models]
         return json_response({"object": "list", "data": data})
 

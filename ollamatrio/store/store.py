@@ -241,6 +241,12 @@ class ModelStore:
         self._lock = threading.RLock()
         self._pins: Counter[str] = Counter()  # digests an operation in progress needs
         self._temps: set[Path] = set()  # temporary files of live writers
+        # Models read from manifests, by manifest path, with the file's identity when read:
+        # a manifest is only ever replaced (never edited in place), so an unchanged
+        # (inode, mtime, size) means the model is unchanged, whoever writes the store.
+        self._loaded: dict[Path, tuple[tuple[int, int, int], bool, Model]] = {}
+        #: Bumped by every manifest this process writes or deletes (caches above this use it).
+        self.generation = 0
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -419,6 +425,7 @@ class ModelStore:
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
+            self.generation += 1
         return hashlib.sha256(data).hexdigest()
 
     # -- models --------------------------------------------------------------------------
@@ -457,8 +464,21 @@ class ModelStore:
 
     def _load(self, name: ModelName, path: Path, *, check_blobs: bool) -> Model:
         try:
+            st = path.stat()
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            cached = self._loaded.get(path)
+            if cached is not None and cached[0] == stamp and cached[2].name == name:
+                _, checked, model = cached
+                if check_blobs and not checked:
+                    for blob in (model.model_path, *model.adapters, *model.projectors):
+                        if blob is not None:
+                            blob.stat()  # FileNotFoundError -> model incomplete
+                    self._loaded[path] = (stamp, True, model)
+                return model
             manifest, digest, mtime = self._read_manifest(path)
-            return self._model_from(name, manifest, digest, mtime, check_blobs)
+            model = self._model_from(name, manifest, digest, mtime, check_blobs)
+            self._loaded[path] = (stamp, check_blobs, model)
+            return model
         except FileNotFoundError as exc:
             if exc.filename == str(path):  # deleted meanwhile
                 raise not_found(name.display_shortest) from None
@@ -577,6 +597,8 @@ class ModelStore:
                 log.warning("deleting unreadable manifest %s: %s", path, exc)
                 digests = set()
             self._confined(path).unlink()
+            self.generation += 1
+            self._loaded.pop(path, None)
             self._prune_dirs(self.manifests_dir)
             self.remove_unreferenced(digests)
 
