@@ -62,6 +62,7 @@ from ollamatrio.errors import (
 )
 from ollamatrio.runner.logs import LineTail, llama_error_text
 from ollamatrio.runner.options import RunnerConfig, is_oom
+from ollamatrio.runner.visibility import visible_devices_env
 
 if TYPE_CHECKING:
     from ollamatrio.config import Settings
@@ -122,8 +123,9 @@ class ProcessEngineFactory:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root, env.get("PYTHONPATH", "")) if p
         )
-        if spec.num_gpu != 0 and spec.gpu_ids:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpu_ids)
+        # Only the GPUs the scheduler booked, and none for a CPU load (it would otherwise
+        # still create a CUDA context on every GPU).
+        env.update(visible_devices_env(spec))
         return env
 
     @asynccontextmanager

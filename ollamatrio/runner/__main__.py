@@ -230,6 +230,23 @@ async def serve(config: RunnerConfig) -> int:
     return 0
 
 
+def _import_engine(config: RunnerConfig) -> bool:
+    """Import xllamacpp now, in the main thread: CUDA builds crash (SIGSEGV) when first
+    imported in a worker thread, such as the one :func:`_load` runs in.  The GPUs this load
+    may not use are hidden first, since the runtimes read that when they initialise.  On
+    failure, report the error event and return False."""
+    from ollamatrio.runner.visibility import visible_devices_env
+
+    os.environ.update(visible_devices_env(config.spec))
+    try:
+        import xllamacpp  # noqa: F401
+    except Exception as exc:  # ImportError, or OSError from a missing GPU runtime library
+        error = f"cannot load the engine (xllamacpp): {type(exc).__name__}: {exc}"
+        _emit({"event": "error", "error": error, "oom": False})
+        return False
+    return True
+
+
 def main() -> None:
     global _protocol_fd
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb attach on abort()
@@ -248,7 +265,8 @@ def main() -> None:
         os._exit(1)  # the parent died before PDEATHSIG was armed
     code = 1
     try:
-        code = trio.run(serve, config)
+        if _import_engine(config):
+            code = trio.run(serve, config)
     except BaseException as exc:  # report, then leave without llama.cpp's teardown
         with contextlib.suppress(OSError):
             print(f"ollamatrio runner: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
