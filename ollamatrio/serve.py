@@ -19,6 +19,7 @@ from .config import Settings
 from .devices import DeviceSource
 from .engines.protocol import EngineFactory
 from .log import configure_logging
+from .runner.folders import remove_stale_runner_folders
 from .scheduler import open_scheduler
 from .server import create_app
 from .store import ModelStore
@@ -57,6 +58,8 @@ async def serve(
     pruned = await trio.to_thread.run_sync(store.prune)
     if pruned.blobs_removed:
         log.info("removed %d unused blobs", pruned.blobs_removed)
+    # Runners killed together with an earlier server left their folders behind.
+    await trio.to_thread.run_sync(remove_stale_runner_folders)
     async with open_scheduler(settings, engines=engines, devices=devices) as scheduler:
         app = create_app(scheduler, store, settings)
         try:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -20,9 +23,16 @@ from helpers.runner_process import (
     start_raw_runner_in_short_lived_thread,
 )
 
+from ollamatrio.config import Settings
+from ollamatrio.devices import SimulatedDevices
+from ollamatrio.engines.process import ProcessEngineFactory
 from ollamatrio.engines.protocol import LoadSpec
+from ollamatrio.engines.simulated import SimulatedEngineFactory
+from ollamatrio.runner.folders import PREFIX as RUNNER_FOLDER_PREFIX
+from ollamatrio.runner.folders import make_runner_folder, remove_stale_runner_folders
 from ollamatrio.runner.logs import LineTail, llama_error_text
 from ollamatrio.runner.options import GpuFacts, ModelFacts, RunnerConfig, is_oom, plan_load
+from ollamatrio.serve import serve
 
 HELPERS = Path(__file__).parent / "helpers"
 TinyGGUF = Callable[..., Path]
@@ -313,7 +323,7 @@ async def test_runner_dies_with_its_parent(tiny_gguf: TinyGGUF) -> None:
             line = b""
             while not line.endswith(b"\n"):
                 line += await parent.stdout.receive_some(100)
-        runner_pid = int(line)
+        runner_pid = json.loads(line)["pid"]
         assert psutil.Process(runner_pid).ppid() == parent.pid
         parent.kill()
         await parent.wait()
@@ -327,6 +337,111 @@ async def test_runner_dies_with_its_parent(tiny_gguf: TinyGGUF) -> None:
         parent.kill()
         await parent.wait()
         await parent.stdout.aclose()
+
+
+@pytest.mark.parametrize("state", ["idle", "busy"])
+async def test_runners_of_a_killed_parent_remove_their_folders(
+    tiny_gguf: TinyGGUF, tmp_path: Path, state: str
+) -> None:
+    """SIGKILL the server: its runners exit (stdin EOF and the parent-death signal race
+    each other) and every exit path removes the runner's folder (socket, load log)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    parent = await trio.lowlevel.open_process(
+        [sys.executable, str(HELPERS / "orphan_runner.py"), str(tiny_gguf()), "3", state],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(temp)},
+    )
+    assert parent.stdout is not None
+    try:
+        with trio.fail_after(60):
+            output = b""
+            while output.count(b"\n") < 3:
+                data = await parent.stdout.receive_some()
+                assert data, "the parent died early"
+                output += data
+        runners = [json.loads(line) for line in output.splitlines()]
+        assert all([await trio.Path(r["dir"]).is_dir() for r in runners])
+        parent.kill()
+        await parent.wait()
+        procs = [psutil.Process(r["pid"]) for r in runners]
+        _gone, alive = await trio.to_thread.run_sync(psutil.wait_procs, procs, 10)
+        assert alive == []
+    finally:
+        parent.kill()
+        await parent.wait()
+        await parent.stdout.aclose()
+    assert [r["dir"] for r in runners if await trio.Path(r["dir"]).exists()] == []
+    assert os.listdir(temp) == []
+
+
+async def _start_orphans(model: Path, temp: Path, count: int = 1) -> tuple[trio.Process, list]:
+    parent = await trio.lowlevel.open_process(
+        [sys.executable, str(HELPERS / "orphan_runner.py"), str(model), str(count)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(temp)},
+    )
+    assert parent.stdout is not None
+    output = b""
+    with trio.fail_after(60):
+        while output.count(b"\n") < count:
+            data = await parent.stdout.receive_some()
+            assert data, "the parent died early"
+            output += data
+    return parent, [json.loads(line) for line in output.splitlines()]
+
+
+async def test_server_start_removes_only_stale_runner_folders(
+    tiny_gguf: TinyGGUF, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    # A runner and its server killed together: stopped first, the runner runs no clean-up.
+    parent, (orphan,) = await _start_orphans(tiny_gguf(), temp)
+    runner = psutil.Process(orphan["pid"])
+    try:
+        runner.suspend()
+        parent.kill()
+        await parent.wait()
+        # Its server is gone but the (stopped) runner lives and holds the folder's lock.
+        assert await trio.to_thread.run_sync(remove_stale_runner_folders) == 0
+        runner.kill()
+        await trio.to_thread.run_sync(runner.wait, 10)
+    finally:
+        parent.kill()
+        await parent.wait()
+        assert parent.stdout is not None
+        await parent.stdout.aclose()
+    assert await trio.Path(orphan["dir"]).is_dir()
+    legacy = temp / f"{RUNNER_FOLDER_PREFIX}legacy"  # no owner lock: nothing proves it stale
+    legacy.mkdir()
+    kept = {legacy.name}
+    foreign, fd = make_runner_folder()  # stale, but another user's (only root can chown)
+    os.close(fd)
+    if os.geteuid() == 0:
+        os.chown(foreign, 65534, 65534)
+        kept.add(os.path.basename(foreign))
+    model = tiny_gguf()
+    async with ProcessEngineFactory().open(LoadSpec(model_path=str(model), name="live")) as live:
+        live_folder = os.path.dirname(live.ready["socket"])
+        settings = Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models")
+        devices = SimulatedDevices(json.dumps({"gpus": [], "system": {"total": 8 << 30}}))
+        stop = trio.Event()
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(
+                    partial(
+                        serve,
+                        settings,
+                        shutdown_trigger=stop.wait,
+                        engines=SimulatedEngineFactory(devices),
+                        devices=devices,
+                    )
+                )
+                stop.set()
+        assert sorted(os.listdir(temp)) == sorted(kept | {os.path.basename(live_folder)})
+        assert await live.healthy()
 
 
 def _alive(pid: int) -> bool:

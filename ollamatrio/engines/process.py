@@ -24,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
@@ -60,6 +59,7 @@ from ollamatrio.errors import (
     RunnerError,
     RunnerStartError,
 )
+from ollamatrio.runner.folders import make_runner_folder
 from ollamatrio.runner.logs import LineTail, llama_error_text
 from ollamatrio.runner.options import RunnerConfig, is_oom
 from ollamatrio.runner.visibility import visible_devices_env
@@ -130,7 +130,7 @@ class ProcessEngineFactory:
 
     @asynccontextmanager
     async def open(self, spec: LoadSpec) -> AsyncIterator[ProcessEngine]:
-        socket_dir = tempfile.mkdtemp(prefix="ollamatrio-runner-")  # mode 0700
+        socket_dir, owner_fd = make_runner_folder()  # mode 0700, locked by us and the runner
         config = RunnerConfig(
             spec=spec,
             api_key=secrets.token_urlsafe(32),
@@ -139,7 +139,7 @@ class ProcessEngineFactory:
             verbosity=self.verbosity,
             cache_ram_mib=self.cache_ram_mib,
         )
-        engine = ProcessEngine(config, self)
+        engine = ProcessEngine(config, self, owner_fd=owner_fd)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(engine._supervise)
@@ -152,6 +152,7 @@ class ProcessEngineFactory:
             raise _collapse(group) from None
         finally:
             shutil.rmtree(socket_dir, ignore_errors=True)
+            os.close(owner_fd)
 
 
 def _collapse(group: BaseExceptionGroup) -> BaseException:
@@ -347,7 +348,9 @@ async def open_http_client(socket: str, api_key: str) -> AsyncIterator[httpx.Asy
 class ProcessEngine(RunnerClient):
     """A model loaded in a runner subprocess; valid inside its factory's ``open`` block."""
 
-    def __init__(self, config: RunnerConfig, factory: ProcessEngineFactory) -> None:
+    def __init__(
+        self, config: RunnerConfig, factory: ProcessEngineFactory, *, owner_fd: int | None = None
+    ) -> None:
         super().__init__(
             name=config.spec.name,
             context_length=config.spec.num_ctx,
@@ -356,6 +359,7 @@ class ProcessEngine(RunnerClient):
         self._config = config
         self._factory = factory
         self._spec = config.spec
+        self._owner_fd = owner_fd  # the folder's owner lock, inherited by the runner
         self._tail = LineTail(STDERR_TAIL_BYTES)
         self._exited = trio.Event()
         self._stderr_closed = trio.Event()
@@ -429,6 +433,7 @@ class ProcessEngine(RunnerClient):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=env,
+                pass_fds=() if self._owner_fd is None else (self._owner_fd,),
                 check=False,
                 deliver_cancel=self._terminate_then_kill,
                 task_status=task_status,

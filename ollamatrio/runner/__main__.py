@@ -8,9 +8,9 @@ Protocol with the client (:mod:`ollamatrio.engines.process`):
 * stderr: llama.cpp's log, forwarded.
 * The server listens on ``<socket_dir>/llama.sock`` and wants ``Authorization: Bearer <key>``.
 
-The runner exits on stdin EOF, SIGTERM or SIGINT, and (Linux) when its parent dies.  It
-leaves with ``os._exit``: llama.cpp's teardown can hang joining its threads, and the kernel
-frees everything anyway.
+The runner exits on stdin EOF, SIGTERM or SIGINT, and (Linux) when its parent dies.  Every
+way out removes ``socket_dir`` and leaves with ``os._exit``: llama.cpp's teardown can hang
+joining its threads, and the kernel frees everything else anyway.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import psutil
 import trio
@@ -53,9 +53,9 @@ def _die_with_parent(parent_pid: int) -> None:
     if not sys.platform.startswith("linux"):
         return
 
-    def check_parent(signum: int, frame: object) -> None:  # until Trio's receiver takes over
+    def check_parent(signum: int, frame: object) -> None:  # whenever Trio's receiver is off
         if os.getppid() != parent_pid:
-            os._exit(1)
+            _leave(1)
 
     signal.signal(PARENT_DEATH_SIGNAL, check_parent)
     with contextlib.suppress(OSError):
@@ -75,6 +75,24 @@ def _read_config_line() -> str:
 
 
 _protocol_fd = 1  # the real stdout, reserved for the one event line (see main)
+_socket_dir: str | None = None  # the private folder; every way out removes it (_leave)
+
+
+def _leave(code: int) -> NoReturn:
+    """Remove the private folder, then exit at once (every exit path that can run code).
+
+    Late signals are ignored first: the parent-death signal races stdin EOF when the
+    server dies, and its handler, or SIGTERM's default action, must not cut the clean-up
+    short.  A runner killed outright leaves its folder to the server (or, if the server
+    died too, to the next server's start-up sweep)."""
+    for signum in (signal.SIGTERM, signal.SIGINT, PARENT_DEATH_SIGNAL):
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_IGN)
+    if _socket_dir is not None:
+        shutil.rmtree(_socket_dir, ignore_errors=True)
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def _emit(event: dict[str, Any]) -> None:
@@ -248,7 +266,7 @@ def _import_engine(config: RunnerConfig) -> bool:
 
 
 def main() -> None:
-    global _protocol_fd
+    global _protocol_fd, _socket_dir
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb attach on abort()
     # Anything else written to stdout (llama.cpp prints plain log lines there) goes to
     # stderr, which the client drains; an unread stdout pipe would fill and block a writer.
@@ -258,11 +276,12 @@ def main() -> None:
     if not line.strip():
         os._exit(2)  # the client died before sending anything
     config = RunnerConfig.from_json(line)
+    _socket_dir = config.socket_dir
     if not config.parent_pid:
         config = dataclasses.replace(config, parent_pid=os.getppid())
     _die_with_parent(config.parent_pid)
     if os.getppid() != config.parent_pid:
-        os._exit(1)  # the parent died before PDEATHSIG was armed
+        _leave(1)  # the parent died before PDEATHSIG was armed
     code = 1
     try:
         if _import_engine(config):
@@ -271,10 +290,7 @@ def main() -> None:
         with contextlib.suppress(OSError):
             print(f"ollamatrio runner: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     finally:
-        shutil.rmtree(config.socket_dir, ignore_errors=True)
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.flush()
-        os._exit(code)
+        _leave(code)
 
 
 if __name__ == "__main__":
