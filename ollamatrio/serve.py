@@ -17,6 +17,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from .config import Settings
 from .devices import DeviceSource
+from .engines.capability import engine_device_source
 from .engines.protocol import EngineFactory
 from .log import configure_logging
 from .runner.folders import remove_stale_runner_folders
@@ -60,6 +61,8 @@ async def serve(
         log.info("removed %d unused blobs", pruned.blobs_removed)
     # Runners killed together with an earlier server left their folders behind.
     await trio.to_thread.run_sync(remove_stale_runner_folders)
+    if devices is None and engines is None:
+        devices = await engine_device_source(settings)  # logs the engine's backends once
     async with open_scheduler(settings, engines=engines, devices=devices) as scheduler:
         app = create_app(scheduler, store, settings)
         try:
