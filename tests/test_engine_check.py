@@ -194,6 +194,20 @@ async def test_cpu_only_engine_without_gpus_is_just_logged(
     assert _messages(caplog, logging.INFO) == ["engine: xllamacpp 2026.10.11549, backends: CPU"]
 
 
+async def test_engine_gpus_that_nvml_does_not_list_are_named(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_nvml.gpus.clear()
+    rocm = EngineDevice("ROCm0", "AMD Radeon RX 7900 XTX", "GPU", 24 * GiB, 23 * GiB)
+    with trio.fail_after(10):
+        await engine_device_source(
+            _process_settings(), probe=_probe(EngineReport("1", (rocm, CPU)))
+        )
+    (warning,) = _messages(caplog, logging.WARNING)
+    assert warning.startswith("the engine can use ROCm0 (AMD Radeon RX 7900 XTX), but ollamatrio")
+    assert "every model will run on the CPU" in warning
+
+
 async def test_failed_probe_trusts_nvml(
     fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -10,12 +10,13 @@ the server's whole life.
 engine's backends once and compares them with NVML's GPUs.  With GPUs present but no CUDA
 device in the engine, it logs one warning (pointing at README.md's GPU section) and reports
 no GPUs, so every model is placed, booked and shown (``ps``) as running on the CPU, which
-is where such an engine runs it.
+is where such an engine runs it.  GPUs the engine has but NVML does not list (an AMD GPU
+with a ROCm build, say) get one warning too: ollamatrio discovers NVIDIA GPUs only.
 
-A probe that crashes, takes longer than :data:`PROBE_TIMEOUT` or answers nonsense is logged as a
-warning, and NVML's GPUs are trusted: a failed probe says nothing about GPU support, runners
-import the same engine and report their own load errors, and hiding the GPUs on a passing
-failure would move every model to the CPU without a word.
+A probe that crashes, takes longer than :data:`PROBE_TIMEOUT` or answers nonsense is logged
+as a warning, and NVML's GPUs are trusted: a failed probe says nothing about GPU support,
+runners import the same engine and report their own load errors, and hiding the GPUs on a
+passing failure would move every model to the CPU without a word.
 """
 
 from __future__ import annotations
@@ -167,6 +168,13 @@ def check_engine_devices(
     count: a Vulkan-only build could reach them too, but runners address GPUs through
     ``CUDA_VISIBLE_DEVICES`` and memory is booked per NVML device."""
     if not gpus:
+        engine_gpus = [d for d in report.devices if d.type in GPU_TYPES]
+        if engine_gpus:
+            log.warning(
+                "the engine can use %s, but ollamatrio finds GPUs only through NVML (NVIDIA), "
+                "which lists none: every model will run on the CPU",
+                ", ".join(f"{d.name} ({d.description})" for d in engine_gpus),
+            )
         return devices
     usable = report.gpus("CUDA")
     names = ", ".join(sorted({g.name for g in gpus}))
