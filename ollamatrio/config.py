@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 11434
 DEFAULT_KEEP_ALIVE = 300.0
 DEFAULT_LOAD_TIMEOUT = 300.0
+DEFAULT_STALL_TIMEOUT = 300.0
 ENGINES = ("process", "simulated")
 
 # Ollama always allows these origins, after the ones from OLLAMA_ORIGINS.
@@ -64,6 +65,9 @@ class Settings:
     num_parallel: int = 1
     max_queue: int = 512
     load_timeout: float = DEFAULT_LOAD_TIMEOUT  # seconds; math.inf = never give up
+    # Seconds a running generation may go without a byte from its runner (prompt progress
+    # counts) before it fails and the runner is killed; math.inf = wait forever.
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT
     sched_spread: bool = False
     context_length: int = 0  # 0 = auto tier from total VRAM
     flash_attention: bool | None = None  # None = auto
@@ -114,6 +118,9 @@ class Settings:
             max_queue=_env_uint(env, "OLLAMA_MAX_QUEUE", 512),
             load_timeout=_env_duration(
                 env, "OLLAMA_LOAD_TIMEOUT", DEFAULT_LOAD_TIMEOUT, zero_is_inf=True
+            ),
+            stall_timeout=_env_duration(
+                env, "OLLAMATRIO_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT, zero_is_inf=True
             ),
             sched_spread=_env_bool(env, "OLLAMA_SCHED_SPREAD", False),
             context_length=_env_uint(env, "OLLAMA_CONTEXT_LENGTH", 0),

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 from pathlib import Path
 
 import httpx
 import ollama
+import psutil
 import pytest
 import trio
 
@@ -118,3 +121,55 @@ async def test_smollm2_answers(api_server, smollm2_path: Path) -> None:
             shown = await c.show("smol")
             assert "completion" in (shown.capabilities or [])
             assert shown.modelinfo["general.architecture"] == "llama"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.parametrize("when", ["mid-stream", "before-the-first-byte"])
+async def test_a_frozen_runner_fails_its_request_and_is_replaced(api_server, when: str) -> None:
+    """SIGSTOP a runner: after the stall deadline (no bytes from it) the request fails with
+    an error the client sees, the frozen process is killed (SIGTERM alone would wait for
+    a SIGCONT) and the next request gets a new runner."""
+    endless = {"num_predict": 100000, "ignore_eos": True, "temperature": 1.0}
+    with trio.fail_after(120):
+        async with (
+            api_server(engines=ProcessEngineFactory(load_timeout=60, stall_timeout=1.0)) as srv,
+            httpx.AsyncClient(base_url=srv.url, timeout=None) as c,
+        ):
+            body = {"model": "tiny", "prompt": "hello", "options": endless}
+            r = await c.post("/api/generate", json={"model": "tiny"})  # load it
+            assert r.status_code == 200, r.text
+            frozen = runner_of(srv, "tiny:latest").pid
+            started = trio.current_time()
+            if when == "before-the-first-byte":
+                os.kill(frozen, signal.SIGSTOP)
+                r = await c.post("/api/generate", json={**body, "stream": False})
+                assert r.status_code == 500
+                error = r.json()["error"]
+            else:
+                lines = []
+                async with c.stream("POST", "/api/generate", json=body) as r:
+                    async for line in r.aiter_lines():
+                        if not lines:
+                            os.kill(frozen, signal.SIGSTOP)
+                            started = trio.current_time()
+                        lines.append(json.loads(line))
+                assert r.status_code == 200
+                assert len(lines) > 1
+                assert all("error" not in obj for obj in lines[:-1])
+                error = lines[-1]["error"]
+            assert 1.0 <= trio.current_time() - started < 10
+            assert "stopped responding: no output for 1s" in error
+            assert not _alive(frozen)
+            r = await c.post(
+                "/api/generate",
+                json={"model": "tiny", "prompt": "hi", "stream": False,
+                      "options": {"num_predict": 4}},
+            )  # fmt: skip
+            assert r.status_code == 200, r.text
+            assert runner_of(srv, "tiny:latest").pid not in (None, frozen)

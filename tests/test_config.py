@@ -320,6 +320,13 @@ def test_load_timeout(value: str, expect: float) -> None:
     assert settings(OLLAMA_LOAD_TIMEOUT=value).load_timeout == expect
 
 
+@pytest.mark.parametrize(
+    ("value", "expect"), LOAD_TIMEOUT_CASES.items(), ids=[repr(k) for k in LOAD_TIMEOUT_CASES]
+)
+def test_stall_timeout_reads_like_the_load_timeout(value: str, expect: float) -> None:
+    assert settings(OLLAMATRIO_STALL_TIMEOUT=value).stall_timeout == expect
+
+
 DURATION_CASES = {
     "0": 0.0,
     "-0": 0.0,

@@ -40,6 +40,7 @@ from ollamatrio.errors import (
     CapabilityError,
     InvalidRequestError,
     RunnerCrashedError,
+    RunnerError,
     RunnerStartError,
 )
 
@@ -489,6 +490,41 @@ async def test_open_loads_serves_and_closes(tiny_gguf: TinyGGUF) -> None:
     assert not await trio.Path(seen["socket_dir"]).exists()
 
 
+async def test_closing_a_stopped_runner_does_not_wait_out_the_grace(tiny_gguf: TinyGGUF) -> None:
+    """SIGTERM stays pending on a stopped (SIGSTOP) process; SIGCONT with it lets the runner
+    leave cleanly at once instead of being SIGKILLed after the grace period."""
+    factory = ProcessEngineFactory(kill_grace=30.0)
+    with trio.fail_after(60):
+        async with factory.open(LoadSpec(model_path=str(tiny_gguf()), name="t")) as engine:
+            folder = os.path.dirname(engine.ready["socket"])
+            assert engine.pid is not None
+            os.kill(engine.pid, signal.SIGSTOP)
+            closing = trio.current_time()
+    assert trio.current_time() - closing < 5
+    assert engine.returncode == 0  # its own clean exit, not SIGKILL
+    assert not await trio.Path(folder).exists()
+
+
+async def test_a_silent_stream_fails_after_the_stall_timeout(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async def body() -> AsyncIterator[bytes]:
+        yield b'data: {"content": "Hello", "stop": false}\n\n'
+        await trio.sleep(299)
+        yield b'data: {"content": " there", "stop": false}\n\n'
+        await trio.sleep(301)
+        yield b'data: {"content": "!", "stop": true}\n\n'
+
+    client = RunnerClient(name="t", context_length=2048, stall_timeout=300)
+    stream = _ChunkStream(client, httpx.Response(200, content=body()), CompletionStream())
+    assert (await stream.__anext__()).content == "Hello"
+    assert (await stream.__anext__()).content == " there"  # 299 s of silence is allowed
+    with pytest.raises(RunnerError, match="stopped responding: no output for 300s"):
+        await stream.__anext__()
+    assert trio.current_time() == 599
+    await stream.aclose()
+
+
 async def test_duplicate_tokens_abort_is_reported(tiny_gguf: TinyGGUF) -> None:
     model = tiny_gguf(corrupt="duplicate_tokens")
     with trio.fail_after(60), pytest.raises(RunnerStartError) as caught:
@@ -634,7 +670,7 @@ async def test_a_generation_stuck_on_one_piece_is_ended() -> None:
             yield b'data: {"content": " la", "stop": false}\n\n'
 
     response = httpx.Response(200, content=body())
-    stream = _ChunkStream(None, response, CompletionStream())  # type: ignore[arg-type]
+    stream = _ChunkStream(RunnerClient(name="t", context_length=2048), response, CompletionStream())
     chunks = [chunk async for chunk in stream]
     assert [c.content for c in chunks[:-1]] == ["Hello"] + [" la"] * 31
     assert chunks[-1].done

@@ -7,14 +7,18 @@ extends, and talks to llama.cpp's HTTP server over the runner's Unix socket with
 ``httpx.AsyncClient``.
 
 Lifetimes: the process lives exactly as long as the ``async with``.  Leaving it sends
-SIGTERM, waits ``kill_grace`` seconds, then SIGKILLs, and always reaps.  If the runner dies
-on its own, calls in flight raise :class:`RunnerCrashedError` (with the signal name and the
-last error line) and the body of the ``async with`` is cancelled, so the same error comes
-out of it.
+SIGTERM (and SIGCONT, so a stopped runner acts on it), waits ``kill_grace`` seconds, then
+SIGKILLs, and always reaps.  If the runner dies on its own, calls in flight raise
+:class:`RunnerCrashedError` (with the signal name and the last error line) and the body of
+the ``async with`` is cancelled, so the same error comes out of it.  A generation that gets
+no byte from the runner for ``stall_timeout`` seconds (llama.cpp reports prompt progress, so
+only a frozen or wedged runner is that quiet) kills the runner: the request fails with that
+reason and the scheduler, seeing a crash, starts a new runner for the next request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -34,6 +38,7 @@ import httpx
 import trio
 
 import ollamatrio
+from ollamatrio.config import DEFAULT_STALL_TIMEOUT
 from ollamatrio.engines.llamacpp_wire import (
     ChatStream,
     CompletionStream,
@@ -97,19 +102,26 @@ class ProcessEngineFactory:
         settings: Settings | None = None,
         *,
         load_timeout: float | None = None,
+        stall_timeout: float | None = None,
         kill_grace: float = KILL_GRACE,
         verbosity: int | None = None,
         cache_ram_mib: int = 0,
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        """``settings`` supplies ``load_timeout`` (OLLAMA_LOAD_TIMEOUT) and the log level
-        (OLLAMA_DEBUG); keyword arguments override them."""
+        """``settings`` supplies ``load_timeout`` (OLLAMA_LOAD_TIMEOUT), ``stall_timeout``
+        (OLLAMATRIO_STALL_TIMEOUT) and the log level (OLLAMA_DEBUG); keyword arguments
+        override them."""
         if load_timeout is None:
             load_timeout = settings.load_timeout if settings is not None else DEFAULT_LOAD_TIMEOUT
+        if stall_timeout is None:
+            stall_timeout = (
+                settings.stall_timeout if settings is not None else DEFAULT_STALL_TIMEOUT
+            )
         if verbosity is None:
             verbosity = 3 if settings is not None and settings.debug > 0 else 1
         self.load_timeout = math.inf if load_timeout <= 0 else load_timeout
+        self.stall_timeout = math.inf if stall_timeout <= 0 else stall_timeout
         self.kill_grace = kill_grace
         self.verbosity = verbosity
         self.cache_ram_mib = cache_ram_mib
@@ -184,10 +196,12 @@ class RunnerClient:
         context_length: int,
         num_parallel: int = 1,
         client: httpx.AsyncClient | None = None,
+        stall_timeout: float = math.inf,
     ) -> None:
         self._name = name
         self._context_length = context_length
         self._client = client
+        self.stall_timeout = stall_timeout  # seconds a generation may go without a byte
         self._slots = trio.Semaphore(max(1, num_parallel))  # Ollama's per-runner semaphore
 
     @property
@@ -203,6 +217,13 @@ class RunnerClient:
     async def _runner_gone(self, exc: BaseException | None) -> RunnerError:
         """The error for a request whose connection to the runner failed."""
         return RunnerError(f"lost the connection to the model runner: {exc}")
+
+    def _stall_message(self) -> str:
+        return f"model runner stopped responding: no output for {self.stall_timeout:g}s"
+
+    async def _stalled(self) -> RunnerError:
+        """The error for a generation that got no byte for ``stall_timeout`` seconds."""
+        return RunnerError(self._stall_message())
 
     def _reported(self, exc: RunnerReportedError) -> Exception:
         message = str(exc)
@@ -250,12 +271,18 @@ class RunnerClient:
         else:
             path, body = completion_request(request, self.context_length)
             parser = CompletionStream()
+        # Progress events during prompt processing keep bytes flowing while the runner
+        # works, so the stall deadline only catches a runner that stopped.
+        body["return_progress"] = True
         async with self._slots:
             http_request = self.client.build_request("POST", path, json=body)
-            try:
-                response = await self.client.send(http_request, stream=True)
-            except httpx.TransportError as exc:
-                raise await self._runner_gone(exc) from exc
+            with trio.move_on_after(self.stall_timeout) as stall:
+                try:
+                    response = await self.client.send(http_request, stream=True)
+                except httpx.TransportError as exc:
+                    raise await self._runner_gone(exc) from exc
+            if stall.cancelled_caught:
+                raise await self._stalled()
             stream = _ChunkStream(self, response, parser)
             try:
                 if response.status_code != 200:
@@ -355,6 +382,7 @@ class ProcessEngine(RunnerClient):
             name=config.spec.name,
             context_length=config.spec.num_ctx,
             num_parallel=config.spec.num_parallel,
+            stall_timeout=factory.stall_timeout,
         )
         self._config = config
         self._factory = factory
@@ -366,6 +394,7 @@ class ProcessEngine(RunnerClient):
         self._stall: trio.CancelScope | None = None
         self._process: trio.Process | None = None
         self._closing = False
+        self._killed_for: str | None = None  # why we killed a runner that still served
         self.ready: dict[str, Any] = {}  # the runner's ready line
 
     # -- Engine protocol: facts --------------------------------------------------------
@@ -421,7 +450,8 @@ class ProcessEngine(RunnerClient):
                 task_status.started()
                 await self._exited.wait()
                 if not self._closing:
-                    raise RunnerCrashedError(await self._crash_message(), self.returncode)
+                    message = self._killed_for or await self._crash_message()
+                    raise RunnerCrashedError(message, self.returncode)
 
     async def _run_process(
         self, argv: list[str], *, env: dict[str, str], task_status: trio.TaskStatus[trio.Process]
@@ -443,6 +473,8 @@ class ProcessEngine(RunnerClient):
 
     async def _terminate_then_kill(self, process: trio.Process) -> None:
         process.terminate()
+        with contextlib.suppress(OSError):
+            process.send_signal(signal.SIGCONT)  # a stopped runner acts on SIGTERM at once
         with trio.move_on_after(self._factory.kill_grace):
             await process.wait()
         if process.returncode is None:
@@ -506,12 +538,28 @@ class ProcessEngine(RunnerClient):
     async def _runner_gone(self, exc: BaseException | None) -> RunnerError:
         with trio.move_on_after(EXIT_REPORT_WAIT):
             await self._exited.wait()
+        if self._killed_for is not None:
+            return RunnerCrashedError(self._killed_for, self.returncode)
         if self._exited.is_set() and not self._closing:
             return RunnerCrashedError(
                 "model runner has unexpectedly stopped: " + await self._crash_message(),
                 self.returncode,
             )
         return await super()._runner_gone(exc)
+
+    async def _stalled(self) -> RunnerError:
+        """Kill the silent runner (SIGKILL: a frozen or wedged process ignores SIGTERM); its
+        supervisor reports the exit as a crash, so the scheduler drops it and the next
+        request starts a new one."""
+        if self._killed_for is None and not self._exited.is_set():
+            self._killed_for = self._stall_message() + "; the runner was killed"
+            log.warning("%s (pid %s)", self._killed_for, self.pid, extra={"model": self._spec.name})
+            assert self._process is not None
+            with contextlib.suppress(OSError):
+                self._process.kill()
+        with trio.move_on_after(EXIT_REPORT_WAIT):
+            await self._exited.wait()
+        return RunnerCrashedError(self._killed_for or self._stall_message(), self.returncode)
 
     async def healthy(self) -> bool:
         return not self._exited.is_set() and await super().healthy()
@@ -563,12 +611,17 @@ class _ChunkStream:
         return self._repeats > REPEAT_LIMIT
 
     async def _read_event(self) -> None:
-        try:
-            line = await self._lines.__anext__()
-        except StopAsyncIteration:
-            line = None
-        except httpx.TransportError as exc:
-            raise await self._engine._runner_gone(exc) from exc
+        line: str | None = None
+        with trio.move_on_after(self._engine.stall_timeout) as stall:
+            try:
+                line = await self._lines.__anext__()
+            except StopAsyncIteration:
+                line = None
+            except httpx.TransportError as exc:
+                raise await self._engine._runner_gone(exc) from exc
+        if stall.cancelled_caught:
+            self._finished = True
+            raise await self._engine._stalled()
         if line is None or line.strip() == "data: [DONE]":
             self._pending.extend(self._parser.finish())
             self._finished = True
