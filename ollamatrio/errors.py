@@ -60,5 +60,15 @@ class SchedulerClosedError(OllamatrioError):
     """The scheduler is shutting down and takes no new work."""
 
 
+class ServerShuttingDownError(SchedulerClosedError):
+    """Shutdown's grace period ended before the request did: HTTP 503, or the last line of
+    a stream that was already under way."""
+
+    MESSAGE = "server shutting down"
+
+    def __init__(self, message: str = MESSAGE) -> None:
+        super().__init__(message)
+
+
 class InsufficientMemoryError(OllamatrioError):
     """The model cannot fit in the memory this machine has, even with nothing else loaded."""

@@ -23,18 +23,22 @@ from .log import configure_logging
 from .runner.folders import remove_stale_runner_folders
 from .scheduler import open_scheduler
 from .server import create_app
+from .server.app import drain_of
 from .store import ModelStore
 
 log = logging.getLogger(__name__)
 
 GRACEFUL_TIMEOUT = 10.0  # seconds running requests get to finish at shutdown
+CUT_TIMEOUT = 5.0  # seconds, after that, to tell the requests still running why they end
 UNLOAD_TIMEOUT = 15.0  # seconds runners get to exit after that
 
 
 def hypercorn_config(settings: Settings) -> HypercornConfig:
     config = HypercornConfig()
     config.bind = [settings.bind]
-    config.graceful_timeout = GRACEFUL_TIMEOUT
+    # Our own drain cuts what still runs after GRACEFUL_TIMEOUT (server/drain.py);
+    # hypercorn waits a little longer, so that those last words are delivered.
+    config.graceful_timeout = GRACEFUL_TIMEOUT + CUT_TIMEOUT
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.keep_alive_timeout = 30.0
@@ -63,15 +67,28 @@ async def serve(
     await trio.to_thread.run_sync(remove_stale_runner_folders)
     if devices is None and engines is None:
         devices = await engine_device_source(settings)  # logs the engine's backends once
+    stopping = trio.Event()
+
+    async def trigger() -> None:
+        if shutdown_trigger is None:
+            await trio.sleep_forever()
+        else:
+            await shutdown_trigger()
+        stopping.set()
+
     async with open_scheduler(settings, engines=engines, devices=devices) as scheduler:
         app = create_app(scheduler, store, settings)
         try:
-            await hypercorn_serve(
-                app,  # type: ignore[arg-type]
-                hypercorn_config(settings),
-                shutdown_trigger=shutdown_trigger,  # type: ignore[arg-type]
-                task_status=task_status,
-            )
+            async with trio.open_nursery() as nursery:
+                # Requests still running when the grace period ends are told why they end.
+                nursery.start_soon(drain_of(app).cut_after, stopping, GRACEFUL_TIMEOUT)
+                await hypercorn_serve(
+                    app,  # type: ignore[arg-type]
+                    hypercorn_config(settings),
+                    shutdown_trigger=trigger,
+                    task_status=task_status,
+                )
+                nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(UNLOAD_TIMEOUT):
                 scheduler.unload_all()

@@ -36,6 +36,20 @@ def _engines(behaviour: SimulatedBehaviour) -> tuple[SimulatedEngineFactory, Sim
     return SimulatedEngineFactory(devices, default=behaviour), devices
 
 
+async def start_serve(
+    nursery: trio.Nursery,
+    settings: Settings,
+    stop: trio.Event,
+    engines: SimulatedEngineFactory,
+    devices: SimulatedDevices,
+) -> str:
+    """``serve`` on port 0 until ``stop`` is set; its one URL."""
+    (url,) = await nursery.start(
+        partial(serve, settings, shutdown_trigger=stop.wait, engines=engines, devices=devices)
+    )
+    return url
+
+
 @pytest.mark.parametrize(
     ("response_timeout", "complete"),
     [("default", True), (60, False)],
@@ -158,10 +172,7 @@ async def test_serve_from_a_read_only_store_with_a_leftover_partial(
     with read_only(settings.models_dir, monkeypatch):
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
-                (url,) = await nursery.start(
-                    partial(serve, settings, shutdown_trigger=stop.wait, engines=engines,
-                            devices=devices)
-                )  # fmt: skip
+                url = await start_serve(nursery, settings, stop, engines, devices)
                 async with httpx.AsyncClient(base_url=url) as c:
                     tags = (await c.get("/api/tags")).json()
                     assert [m["name"] for m in tags["models"]] == ["tiny:latest"]
@@ -175,3 +186,69 @@ async def test_serve_from_a_read_only_store_with_a_leftover_partial(
                     assert r.json()["done"] is True
                 stop.set()
     assert partial_file.exists()  # nothing could be removed, and nothing failed for it
+
+
+async def test_shutdown_tells_cut_streams_and_queued_requests_why(
+    autojump_clock: trio.abc.Clock, tmp_path: Path, tiny_gguf
+) -> None:
+    """SIGTERM's drain: two long streams (native NDJSON, /v1 SSE) and two requests queued
+    for a slot are still running when the 10 s grace period ends.  The streams end with an
+    error line, the queued requests get 503, then the server stops."""
+    autojump_clock.autojump_threshold = 0.03  # type: ignore[attr-defined]
+    settings = Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models", num_parallel=2)
+    import_model(ModelStore(settings.models_dir), "tiny", tiny_gguf())
+    engines, devices = _engines(SimulatedBehaviour(load_seconds=0.01, tokens_per_second=1))
+    messages = [{"role": "user", "content": "x"}]
+    streams = {
+        "/api/generate": {"model": "tiny", "prompt": "x", "options": {"num_predict": 1000}},
+        "/v1/chat/completions": {
+            "model": "tiny", "messages": messages, "stream": True, "max_tokens": 1000
+        },
+    }  # fmt: skip
+    queued = {
+        "/api/chat": {"model": "tiny", "messages": messages},
+        "/v1/completions": {"model": "tiny", "prompt": "x", "max_tokens": 3},
+    }
+    lines: dict[str, list[str]] = {path: [] for path in streams}
+    answers: dict[str, tuple[int, dict, float]] = {}
+    stop = trio.Event()
+
+    async def read_stream(c: httpx.AsyncClient, path: str, first: trio.Event) -> None:
+        async with c.stream("POST", path, json=streams[path]) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line:
+                    lines[path].append(line)
+                    first.set()
+
+    async def wait_in_queue(c: httpx.AsyncClient, path: str) -> None:
+        r = await c.post(path, json=queued[path])
+        answers[path] = (r.status_code, r.json(), trio.current_time())
+
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            url = await start_serve(nursery, settings, stop, engines, devices)
+            async with httpx.AsyncClient(base_url=url, timeout=None) as c:
+                async with trio.open_nursery() as requests:
+                    for path in streams:
+                        first = trio.Event()
+                        requests.start_soon(read_stream, c, path, first)
+                        await first.wait()
+                    for path in queued:
+                        requests.start_soon(wait_in_queue, c, path)
+                    await trio.sleep(1)  # both are waiting for a slot now
+                    stopped_at = trio.current_time()
+                    stop.set()
+                assert trio.current_time() - stopped_at == pytest.approx(10, abs=0.5)
+    native, sse = lines["/api/generate"], lines["/v1/chat/completions"]
+    assert json.loads(native[-1]) == {"error": "server shutting down"}
+    assert len(native) > 5
+    assert all("error" not in json.loads(line) for line in native[:-1])
+    assert json.loads(sse[-1].removeprefix("data: "))["error"]["message"] == "server shutting down"
+    assert "data: [DONE]" not in sse
+    assert answers["/api/chat"][:2] == (503, {"error": "server shutting down"})
+    assert answers["/v1/completions"][0] == 503
+    assert answers["/v1/completions"][1]["error"]["message"] == "server shutting down"
+    for _status, _body, at in answers.values():
+        assert at - stopped_at == pytest.approx(10, abs=0.5)
+    assert engines.engines == {}  # and every runner unloaded after that

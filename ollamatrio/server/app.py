@@ -12,18 +12,23 @@ from typing import Any
 
 import trio
 from quart import Request, Response, request
+from quart.ctx import RequestContext
+from quart.wrappers.response import IterableBody
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
 from ..config import Settings, split_host_port
+from ..errors import ServerShuttingDownError
 from ..scheduler import Scheduler
 from ..store import ModelStore
+from .drain import Drain
 from .errors import response_for
 from .models import ApiContext
 from .ollama_api import OllamaApi
-from .openai_api import OpenAiApi
-from .wire import primed_streams
+from .openai_api import OpenAiApi, openai_error_response
+from .openai_wire import SSE, error_object, sse_event
+from .wire import NDJSON, ndjson_line, primed_streams
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +110,34 @@ class _HTTPConnection(TrioASGIHTTPConnection):
 class _App(QuartTrio):
     asgi_http_class = _HTTPConnection
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.drain = Drain()  # serve() cuts it when shutdown's grace period ends
+
+    async def dispatch_request(self, request_context: RequestContext | None = None) -> Any:
+        """The view, guarded: if shutdown cuts it, the answer is 503 (OpenAI's shape on
+        ``/v1``, whose views answer errors themselves)."""
+        try:
+            with self.drain.guard():
+                return await super().dispatch_request(request_context)
+        except ServerShuttingDownError as exc:
+            if request.path.startswith("/v1/"):
+                return openai_error_response(exc)
+            raise
+
+
+# The last words of a stream that shutdown cuts, by content type.
+_CUT_LINES = {
+    NDJSON: ndjson_line({"error": ServerShuttingDownError.MESSAGE}),
+    SSE: sse_event(error_object(ServerShuttingDownError.MESSAGE, 503)),
+}
+
+
+def drain_of(app: QuartTrio) -> Drain:
+    """The app's :class:`Drain` (``create_app`` made the app)."""
+    assert isinstance(app, _App)
+    return app.drain
+
 
 def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> QuartTrio:
     app = _App("ollamatrio")
@@ -115,6 +148,7 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
         PROVIDE_AUTOMATIC_OPTIONS=False,  # preflights are answered below
     )
     ctx = ApiContext(scheduler=scheduler, store=store, settings=settings)
+    drain = app.drain
     app.extensions["ollamatrio"] = ctx
     OllamaApi(ctx).register(app)
     OpenAiApi(ctx).register(app)
@@ -150,6 +184,14 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
                 response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
                 response.headers["Access-Control-Allow-Headers"] = CORS_HEADERS
                 response.headers["Access-Control-Max-Age"] = "43200"
+        return response
+
+    @app.after_request
+    async def guard_stream(response: Response) -> Response:
+        """Streams end with an error line, not silently, when shutdown cuts them."""
+        last = _CUT_LINES.get(response.mimetype or "")
+        if last is not None and isinstance(response.response, IterableBody):
+            response.response = IterableBody(drain.body(response.response.iter, last))
         return response
 
     @app.errorhandler(HTTPException)

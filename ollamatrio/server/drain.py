@@ -1,0 +1,97 @@
+"""Shutdown's last word: requests still running when the drain period ends are told why.
+
+At shutdown the server stops accepting connections and gives running requests a grace
+period (``serve.GRACEFUL_TIMEOUT``).  Whatever is still running then is *cut*:
+
+* a request that has no response yet (waiting in the queue, for a load or a slot, or
+  generating for ``"stream": false``) answers 503 ``{"error": "server shutting down"}``;
+* a stream that is under way ends with one last error line: ``{"error": "server shutting
+  down"}`` on NDJSON streams, an OpenAI error event on ``/v1`` (SSE) streams.
+
+Mechanics: every await of a handler and of a response body's ``__anext__`` runs inside a
+cancel scope that :meth:`Drain.cut` cancels.  The scopes never span a ``yield`` (trio's
+rule for async generators), so a cut unwinds the request's own ``async with`` blocks
+(lease, runner stream) exactly as a client disconnect does, and the request's task then
+writes the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+
+import trio
+
+from ..errors import ServerShuttingDownError
+
+log = logging.getLogger(__name__)
+
+
+class Drain:
+    """The cancel scopes of the requests in flight, and the switch that cuts them."""
+
+    def __init__(self) -> None:
+        self._scopes: set[trio.CancelScope] = set()
+        self.is_cut = False
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Run the block (no ``yield`` of an async generator inside) so that :meth:`cut`
+        ends it with :class:`ServerShuttingDownError`."""
+        if self.is_cut:
+            raise ServerShuttingDownError()
+        with trio.CancelScope() as scope:
+            self._scopes.add(scope)
+            try:
+                yield
+            finally:
+                self._scopes.discard(scope)
+        if scope.cancelled_caught:
+            raise ServerShuttingDownError()
+
+    def cut(self) -> None:
+        """End every guarded block now, and any that starts later."""
+        self.is_cut = True
+        if self._scopes:
+            log.info("shutting down: ending %d requests still running", len(self._scopes))
+        for scope in self._scopes:
+            scope.cancel()
+
+    async def cut_after(self, stopping: trio.Event, grace: float) -> None:
+        """Cut ``grace`` seconds after ``stopping`` is set."""
+        await stopping.wait()
+        await trio.sleep(grace)
+        self.cut()
+
+    def body(self, source: AsyncIterator[bytes], last: bytes) -> CutBody:
+        """``source`` (a response body) ending with ``last`` if it is cut."""
+        return CutBody(self, source, last)
+
+
+class CutBody:
+    """A response body whose every step is guarded; a cut ends it with its last words."""
+
+    def __init__(self, drain: Drain, source: AsyncIterator[bytes], last: bytes) -> None:
+        self._drain = drain
+        self._source = source
+        self._last = last
+        self._done = False
+
+    def __aiter__(self) -> CutBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            with self._drain.guard():
+                return await self._source.__anext__()
+        except ServerShuttingDownError:
+            self._done = True
+            return self._last
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._source, "aclose", None)
+        if aclose is not None:
+            await aclose()
