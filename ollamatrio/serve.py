@@ -29,7 +29,7 @@ from .store import ModelStore
 log = logging.getLogger(__name__)
 
 GRACEFUL_TIMEOUT = 10.0  # seconds running requests get to finish at shutdown
-CUT_TIMEOUT = 5.0  # seconds, after that, to tell the requests still running why they end
+CUT_TIMEOUT = 2.0  # seconds, after that, to tell the requests still running why they end
 UNLOAD_TIMEOUT = 15.0  # seconds runners get to exit after that
 
 
