@@ -139,19 +139,19 @@ class Settings:
     def url(self) -> str:
         """OLLAMA_HOST in Ollama's canonical form, e.g. ``http://127.0.0.1:11434``."""
         path = f"/{self.base_path}" if self.base_path else ""
-        return f"{self.scheme}://{_join_host_port(self.host, self.port)}{path}"
+        return f"{self.scheme}://{join_host_port(self.host, self.port)}{path}"
 
     @property
     def base_url(self) -> str:
         """Where a client reaches this server; an empty host means this machine."""
         path = f"/{self.base_path}" if self.base_path else ""
         host = self.host or "127.0.0.1"
-        return f"{self.scheme}://{_join_host_port(host, self.port)}{path}"
+        return f"{self.scheme}://{join_host_port(host, self.port)}{path}"
 
     @property
     def bind(self) -> str:
         """The ``host:port`` the HTTP server listens on (hypercorn's bind syntax)."""
-        return _join_host_port(self.host or "0.0.0.0", self.port)
+        return join_host_port(self.host or "0.0.0.0", self.port)
 
 
 # --- environment value rules (envconfig) ---------------------------------------------
@@ -319,7 +319,8 @@ def _parse_ip(text: str) -> str | None:
     return str(ip)
 
 
-def _join_host_port(host: str, port: int) -> str:
+def join_host_port(host: str, port: int) -> str:
+    """Go's ``net.JoinHostPort``: IPv6 hosts in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 

@@ -3,22 +3,28 @@
 ``serve`` is embeddable (tests start it with ``nursery.start`` on port 0 and get the bound
 URLs back); ``run_server`` is the process entry point, which turns SIGINT/SIGTERM into a
 graceful shutdown: stop accepting, let running requests drain, then unload every runner.
+Like Ollama, ``run_server`` listens and opens the model store before anything else, so a
+busy port or an unusable ``OLLAMA_MODELS`` is one :class:`StartupError` in Ollama's words.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from .config import Settings
+from .config import Settings, join_host_port
 from .devices import DeviceSource
 from .engines.capability import engine_device_source
 from .engines.protocol import EngineFactory
+from .errors import OllamatrioError
 from .log import configure_logging
 from .runner.folders import remove_stale_runner_folders
 from .scheduler import open_scheduler
@@ -33,9 +39,76 @@ CUT_TIMEOUT = 2.0  # seconds, after that, to tell the requests still running why
 UNLOAD_TIMEOUT = 15.0  # seconds runners get to exit after that
 
 
-def hypercorn_config(settings: Settings) -> HypercornConfig:
+class StartupError(OllamatrioError):
+    """The server cannot start; the message is one line, in Ollama's words where it has them
+    (``listen tcp 127.0.0.1:11434: bind: address already in use``)."""
+
+
+def _reason(exc: OSError) -> str:
+    """The OS's text for ``exc`` as Go prints it (``address already in use``)."""
+    text = exc.strerror or str(exc)
+    return text[:1].lower() + text[1:]
+
+
+def listen(settings: Settings) -> socket.socket:
+    """The listening socket for ``settings.bind``, as Go's ``net.Listen("tcp", …)``.
+
+    Raises:
+        StartupError: the address cannot be resolved, bound or listened on.
+    """
+    address = join_host_port(settings.host, settings.port)  # Go names the address as set
+    host = settings.host or "0.0.0.0"
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.bind((host, settings.port))
+        except socket.gaierror as exc:
+            raise StartupError(f"listen tcp: lookup {host}: no such host") from exc
+        except OSError as exc:
+            raise StartupError(f"listen tcp {address}: bind: {_reason(exc)}") from exc
+        try:
+            sock.listen(HypercornConfig.backlog)
+        except OSError as exc:
+            raise StartupError(f"listen tcp {address}: listen: {_reason(exc)}") from exc
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def check_models_dir(models_dir: Path) -> None:
+    """Create the store's folders and read them, as Ollama does before it serves.
+
+    An existing read-only store passes; only one that cannot be created or read fails.
+
+    Raises:
+        StartupError: in Ollama's words (``mkdir …: not a directory: ensure path elements
+            are traversable``).
+    """
+    for sub in ("blobs", "manifests"):
+        path = models_dir.expanduser() / sub
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            name = exc.filename or path
+            if isinstance(exc, NotADirectoryError):  # Go names the file in the way
+                name = next((p for p in path.parents if p.exists() and not p.is_dir()), name)
+            raise StartupError(
+                f"mkdir {name}: {_reason(exc)}: ensure path elements are traversable"
+            ) from exc
+        try:
+            os.scandir(path).close()
+        except OSError as exc:
+            raise StartupError(f"open {path}: {_reason(exc)}") from exc
+
+
+def hypercorn_config(settings: Settings, listener: socket.socket | None = None) -> HypercornConfig:
+    """Hypercorn's settings; with ``listener``, it serves that socket instead of binding."""
     config = HypercornConfig()
-    config.bind = [settings.bind]
+    # A duplicate of the descriptor: hypercorn closes its copy, the caller keeps its own.
+    config.bind = [f"fd://{os.dup(listener.fileno())}" if listener else settings.bind]
     # Our own drain cuts what still runs after GRACEFUL_TIMEOUT (server/drain.py);
     # hypercorn waits a little longer, so that those last words are delivered.
     config.graceful_timeout = GRACEFUL_TIMEOUT + CUT_TIMEOUT
@@ -51,12 +124,14 @@ async def serve(
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     engines: EngineFactory | None = None,
     devices: DeviceSource | None = None,
+    listener: socket.socket | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until ``shutdown_trigger`` returns (or forever); ``started()`` gets the URLs.
 
     ``engines`` and ``devices`` default to what the settings ask for (embedders and tests
-    may pass their own)."""
+    may pass their own); ``listener`` is a socket already listening (:func:`listen`),
+    served instead of binding ``settings.bind``."""
     store = await trio.to_thread.run_sync(
         lambda: ModelStore(settings.models_dir, noprune=settings.noprune)
     )
@@ -84,7 +159,7 @@ async def serve(
                 nursery.start_soon(drain_of(app).cut_after, stopping, GRACEFUL_TIMEOUT)
                 await hypercorn_serve(
                     app,  # type: ignore[arg-type]
-                    hypercorn_config(settings),
+                    hypercorn_config(settings, listener),
                     shutdown_trigger=trigger,
                     task_status=task_status,
                 )
@@ -104,12 +179,12 @@ async def _set_on_signal(stop: trio.Event) -> None:
             return
 
 
-async def _serve_until_signal(settings: Settings) -> None:
+async def _serve_until_signal(settings: Settings, listener: socket.socket) -> None:
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_set_on_signal, stop)
         binds = await nursery.start(lambda task_status: serve(
-            settings, shutdown_trigger=stop.wait, task_status=task_status
+            settings, shutdown_trigger=stop.wait, listener=listener, task_status=task_status
         ))  # fmt: skip
         log.info("Listening on %s (version %s)", ", ".join(binds), _version())
         await stop.wait()
@@ -123,7 +198,14 @@ def _version() -> str:
 
 
 def run_server(settings: Settings | None = None) -> None:
-    """Process entry point: logging from OLLAMA_DEBUG, serve until SIGINT/SIGTERM."""
+    """Process entry point: logging from OLLAMA_DEBUG, serve until SIGINT/SIGTERM.
+
+    Raises:
+        StartupError: the address cannot be listened on or the model store cannot be used
+            (checked in that order, before anything else starts).
+    """
     settings = settings or Settings.from_env()
     configure_logging(settings)
-    trio.run(_serve_until_signal, settings)
+    with listen(settings) as listener:
+        check_models_dir(settings.models_dir)
+        trio.run(_serve_until_signal, settings, listener)

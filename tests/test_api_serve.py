@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from functools import partial
@@ -20,7 +21,7 @@ from helpers.read_only import read_only
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
-from ollamatrio.serve import serve
+from ollamatrio.serve import StartupError, check_models_dir, serve
 from ollamatrio.store import ModelStore
 
 SYSTEM = json.dumps({"gpus": [], "system": {"total": 64 << 30, "cpu_count": 2}})
@@ -155,6 +156,74 @@ async def test_run_server_stops_on_signal(tmp_path: Path, signum: signal.Signals
     text = output.decode()
     assert f"received {signum.name}, shutting down" in text
     assert "server stopped" in text
+
+
+# -- start-up errors: one line, exit status 1 ----------------------------------------------
+
+
+def _serve_fails(env: dict[str, str]) -> str:
+    """``python -m ollamatrio serve`` with ``env`` must fail at once: status 1, nothing on
+    stdout and exactly one line on stderr, which is returned."""
+    env = {**os.environ, "OLLAMATRIO_ENGINE": "simulated", "OLLAMATRIO_SIMULATED_GPUS": SYSTEM,
+           **env}  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "ollamatrio", "serve"],
+        env=env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert (proc.returncode, proc.stdout) == (1, ""), proc.stderr
+    assert proc.stderr.endswith("\n"), proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    return proc.stderr
+
+
+def test_serve_on_a_busy_port_says_so_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as held:  # another server (Ollama, say) already listens there
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        line = _serve_fails(
+            {"OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_MODELS": str(tmp_path / "models")}
+        )
+    assert line == f"Error: listen tcp 127.0.0.1:{port}: bind: address already in use\n"
+
+
+def test_serve_with_models_under_a_file_says_so_in_one_line(tmp_path: Path) -> None:
+    """A path under a regular file cannot be created, not even by root."""
+    (tmp_path / "file").write_text("not a folder")
+    line = _serve_fails({"OLLAMA_HOST": "127.0.0.1:0", "OLLAMA_MODELS": str(tmp_path / "file/sub")})
+    assert line == (
+        f"Error: mkdir {tmp_path / 'file'}: not a directory: ensure path elements are traversable\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("nosuchhost.invalid", "listen tcp: lookup nosuchhost.invalid: no such host"),
+        # TEST-NET-1 (RFC 5737): no interface of this machine has it.
+        ("192.0.2.1:11434", "listen tcp 192.0.2.1:11434: bind: cannot assign requested address"),
+    ],
+    ids=["unknown-name", "foreign-address"],
+)
+def test_serve_with_a_bad_ollama_host_says_so_in_one_line(
+    tmp_path: Path, host: str, expected: str
+) -> None:
+    line = _serve_fails({"OLLAMA_HOST": host, "OLLAMA_MODELS": str(tmp_path / "models")})
+    assert line == f"Error: {expected}\n"
+
+
+def test_an_unreadable_store_is_one_startup_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root reads every folder, so the refusal is simulated where the store is read."""
+
+    def refuse(path: object) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "scandir", refuse)
+    with pytest.raises(StartupError) as caught:
+        check_models_dir(tmp_path / "models")
+    assert str(caught.value) == f"open {tmp_path / 'models' / 'blobs'}: permission denied"
 
 
 async def test_serve_from_a_read_only_store_with_a_leftover_partial(

@@ -338,10 +338,13 @@ def version(client: Client, out: TextIO = sys.stdout) -> None:
 def serve() -> None:
     """Run the server in this process until SIGINT/SIGTERM."""
     from ollamatrio.config import Settings
-    from ollamatrio.serve import run_server  # the server stack loads only for `serve`
+    from ollamatrio.serve import StartupError, run_server  # the server stack loads only here
 
     try:
         settings = Settings.from_env(os.environ)
     except ValueError as exc:
         raise CLIError(str(exc)) from exc
-    run_server(settings)
+    try:
+        run_server(settings)
+    except StartupError as exc:  # a busy port, an unusable OLLAMA_MODELS: one line
+        raise CLIError(str(exc)) from exc
