@@ -425,8 +425,80 @@ async def test_cors(api_server) -> None:
                          "Access-Control-Request-Headers": "x-stainless-lang"},
             )  # fmt: skip
             assert r.status_code == 204
-            assert "x-stainless-lang" in r.headers["access-control-allow-headers"]
+            assert "x-stainless-lang" in r.headers["access-control-allow-headers"].lower()
             assert "POST" in r.headers["access-control-allow-methods"]
+
+
+def cors_headers_of(response: httpx.Response) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in response.headers.multi_items()
+            if k.startswith("access-control-") or k == "vary"]  # fmt: skip
+
+
+async def test_cors_refuses_a_disallowed_origin_without_allow_headers(api_server) -> None:
+    """gin-contrib/cors aborts with a bare 403: a page from another origin learns nothing,
+    and a preflight from it gets no Access-Control-Allow-* header to act on."""
+    evil = {"Origin": "https://evil.example.com"}
+    preflight = {**evil, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type"}  # fmt: skip
+    with trio.fail_after(20):
+        async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as c:
+            for r in (
+                await c.options("/api/chat", headers=preflight),
+                await c.options("/v1/chat/completions", headers=preflight),
+                await c.get("/api/tags", headers=evil),
+                await c.post("/api/chat", headers=evil, json={"model": "tiny"}),
+            ):
+                assert r.status_code == 403
+                assert cors_headers_of(r) == []
+                assert r.content == b""
+
+
+async def test_cors_headers_are_ollamas(api_server) -> None:
+    """An allowed origin gets exactly the headers Ollama sends; the server's own origin
+    (fetch() sends one) is not a CORS request; OLLAMA_ORIGINS=* answers with ``*``."""
+    ok = {"Origin": "https://app.example.com"}
+    preflight = {**ok, "Access-Control-Request-Method": "POST"}
+    with trio.fail_after(20):
+        async with (
+            api_server(origins=parse_origins("https://app.example.com")) as srv,
+            httpx.AsyncClient(base_url=srv.url) as c,
+        ):
+            r = await c.options("/api/chat", headers=preflight)
+            assert r.status_code == 204
+            assert cors_headers_of(r) == [
+                ("access-control-allow-methods", "GET,POST,PUT,PATCH,DELETE,HEAD,OPTIONS"),
+                ("access-control-allow-headers",
+                 "Authorization,Content-Type,User-Agent,Accept,X-Requested-With,Openai-Beta,"
+                 "X-Stainless-Arch,X-Stainless-Async,X-Stainless-Custom-Poll-Interval,"
+                 "X-Stainless-Helper-Method,X-Stainless-Lang,X-Stainless-Os,"
+                 "X-Stainless-Package-Version,X-Stainless-Poll-Helper,X-Stainless-Retry-Count,"
+                 "X-Stainless-Runtime,X-Stainless-Runtime-Version,X-Stainless-Timeout"),
+                ("access-control-max-age", "43200"),
+                ("vary", "Origin"),
+                ("vary", "Access-Control-Request-Method"),
+                ("vary", "Access-Control-Request-Headers"),
+                ("access-control-allow-origin", "https://app.example.com"),
+            ]  # fmt: skip
+            r = await c.get("/api/version", headers=ok)
+            assert r.status_code == 200
+            assert cors_headers_of(r) == [
+                ("vary", "Origin"),
+                ("access-control-allow-origin", "https://app.example.com"),
+            ]
+            own = srv.url.replace("http://", "")
+            r = await c.get("/api/version", headers={"Origin": f"http://{own}"})
+            assert r.status_code == 200
+            assert cors_headers_of(r) == []
+        async with (
+            api_server(origins=parse_origins("*")) as srv,
+            httpx.AsyncClient(base_url=srv.url) as c,
+        ):
+            r = await c.get("/api/version", headers={"Origin": "https://anywhere.example"})
+            assert cors_headers_of(r) == [("access-control-allow-origin", "*")]
+            r = await c.options("/api/chat", headers=preflight)
+            assert r.status_code == 204
+            assert ("access-control-allow-origin", "*") in cors_headers_of(r)
+            assert r.headers.get("vary") is None
 
 
 # -- disconnects --------------------------------------------------------------------------

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import fnmatch
 import ipaddress
 import logging
-import re
 import socket
-from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -22,6 +19,7 @@ from ..config import Settings, split_host_port
 from ..errors import ServerShuttingDownError
 from ..scheduler import Scheduler
 from ..store import ModelStore
+from .cors import CorsAnswer, OriginPolicy, cors_answer
 from .drain import Drain
 from .errors import response_for
 from .models import ApiContext
@@ -32,17 +30,6 @@ from .wire import NDJSON, ndjson_line, primed_streams
 
 log = logging.getLogger(__name__)
 
-CORS_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
-CORS_HEADERS = ", ".join(
-    (
-        "Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With",
-        # sent by the OpenAI SDKs
-        "x-stainless-lang", "x-stainless-package-version", "x-stainless-os",
-        "x-stainless-arch", "x-stainless-retry-count", "x-stainless-runtime",
-        "x-stainless-runtime-version", "x-stainless-async", "x-stainless-helper-method",
-        "x-stainless-poll-helper", "x-stainless-custom-poll-interval", "x-stainless-timeout",
-    )
-)  # fmt: skip
 _LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 
 
@@ -72,17 +59,6 @@ def allowed_host(header: str) -> bool:
     if host in ("", "localhost") or host == socket.gethostname().lower():
         return True
     return host.endswith(_LOCAL_SUFFIXES)
-
-
-class OriginPolicy:
-    """OLLAMA_ORIGINS with ``*`` wildcards, as gin-contrib/cors matches them."""
-
-    def __init__(self, origins: Sequence[str]) -> None:
-        self.any = "*" in origins
-        self._patterns = [re.compile(fnmatch.translate(o.strip())) for o in origins if o.strip()]
-
-    def allows(self, origin: str) -> bool:
-        return self.any or any(p.match(origin) for p in self._patterns)
 
 
 STREAM_CLOSE_TIMEOUT = 5.0
@@ -152,14 +128,20 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
     app.extensions["ollamatrio"] = ctx
     OllamaApi(ctx).register(app)
     OpenAiApi(ctx).register(app)
-    origins = OriginPolicy(settings.origins)
+    origins = OriginPolicy.from_origins(settings.origins)
     guard_hosts = is_loopback_bind(settings.host)
+
+    def cors() -> CorsAnswer:
+        return cors_answer(
+            request.headers.get("Origin"), request.headers.get("Host", ""), request.method, origins
+        )
 
     @app.before_request
     async def cors_and_host_guard() -> Response | None:
-        origin = request.headers.get("Origin")
-        if origin is not None and not origins.allows(origin):
-            return Response(b"", status=403)
+        # CORS first, as Ollama: a disallowed origin gets 403, an allowed preflight 204.
+        status = cors().status
+        if status is not None:
+            return Response(b"", status=status)
         if guard_hosts and not allowed_host(request.headers.get("Host", "")):
             return Response(b"", status=403)
         if request.method == "OPTIONS":
@@ -176,14 +158,8 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
             response.status_code,
             extra={"client": request.remote_addr},
         )
-        origin = request.headers.get("Origin")
-        if origin is not None:
-            response.headers["Access-Control-Allow-Origin"] = "*" if origins.any else origin
-            response.headers["Vary"] = "Origin"
-            if request.method == "OPTIONS":
-                response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
-                response.headers["Access-Control-Allow-Headers"] = CORS_HEADERS
-                response.headers["Access-Control-Max-Age"] = "43200"
+        for name, value in cors().headers:
+            response.headers.add(name, value)
         return response
 
     @app.after_request
