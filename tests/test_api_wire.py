@@ -8,18 +8,16 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
 import httpx
 import pytest
 import trio
+from helpers.recording import RecordingEngines
 
 from ollamatrio.config import parse_origins
-from ollamatrio.engines.protocol import CompletionRequest, LoadSpec
-from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
+from ollamatrio.engines.simulated import SimulatedBehaviour
 from ollamatrio.server.requests import MAX_JSON_BODY
 
 
@@ -534,26 +532,6 @@ async def test_client_disconnect_frees_the_lease(api_server) -> None:
 
 
 # -- what reaches the engine --------------------------------------------------------------
-
-
-class RecordingEngines(SimulatedEngineFactory):
-    """Simulated engines that also record every CompletionRequest they get."""
-
-    def __init__(self) -> None:
-        super().__init__(default=SimulatedBehaviour(load_seconds=0.01, tokens_per_second=2000))
-        self.requests: list[CompletionRequest] = []
-
-    @asynccontextmanager
-    async def open(self, spec: LoadSpec) -> AsyncIterator[Any]:
-        async with super().open(spec) as engine:
-            complete = engine.complete
-
-            def recording(request: CompletionRequest) -> Any:
-                self.requests.append(request)
-                return complete(request)
-
-            engine.complete = recording  # type: ignore[method-assign]
-            yield engine
 
 
 TOOLS_AND_THINKING = (

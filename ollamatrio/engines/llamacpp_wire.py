@@ -294,6 +294,23 @@ def embedding_vectors(
     return [normalise(d["embedding"][:dimensions] if dimensions else d["embedding"]) for d in data]
 
 
+# Ollama's answer (400) when an embedding input does not fit and may not be truncated.
+EMBED_INPUT_TOO_LONG = "the input length exceeds the context length"
+
+
+def is_embedding_input_limit(message: str) -> bool:
+    """Whether a runner's embedding error means the input was too long for its context or
+    batch: Ollama's ``isEmbeddingInputLimitError``, which matches llama.cpp's texts."""
+    text = message.lower()
+    return any(
+        marker in text
+        for marker in (
+            "too large", "context size", "context length", "physical batch size",
+            "exceeds the available context",
+        )
+    )  # fmt: skip
+
+
 def normalise(vector: Sequence[float]) -> list[float]:
     norm = math.sqrt(math.fsum(x * x for x in vector))
     return [float(x) / norm for x in vector] if norm > 0 else [float(x) for x in vector]

@@ -40,12 +40,14 @@ import trio
 import ollamatrio
 from ollamatrio.config import DEFAULT_STALL_TIMEOUT
 from ollamatrio.engines.llamacpp_wire import (
+    EMBED_INPUT_TOO_LONG,
     ChatStream,
     CompletionStream,
     RunnerReportedError,
     chat_request,
     completion_request,
     embedding_vectors,
+    is_embedding_input_limit,
     parse_sse_line,
     raise_for_error,
 )
@@ -300,10 +302,16 @@ class RunnerClient:
         if truncate:
             texts = [await self._truncated(text) for text in inputs]
         async with self._slots:
-            response = await self._post_json(
-                "/v1/embeddings",
-                {"input": texts, "encoding_format": "float", "model": self._name},
-            )
+            try:
+                response = await self._post_json(
+                    "/v1/embeddings",
+                    {"input": texts, "encoding_format": "float", "model": self._name},
+                )
+            except (RunnerError, InvalidRequestError) as exc:
+                # llama.cpp answers 500 for an input over its batch: the request's fault.
+                if isinstance(exc, OutOfMemoryError) or not is_embedding_input_limit(str(exc)):
+                    raise
+                raise InvalidRequestError(EMBED_INPUT_TOO_LONG) from exc
         try:
             vectors = embedding_vectors(response, len(texts), dimensions)
         except RunnerReportedError as exc:

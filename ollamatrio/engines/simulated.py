@@ -25,10 +25,11 @@ from typing import Any
 import trio
 
 from ..devices import SimulatedDevices
-from ..errors import OutOfMemoryError, RunnerCrashedError, RunnerStartError
+from ..errors import InvalidRequestError, OutOfMemoryError, RunnerCrashedError, RunnerStartError
 from ..gguf import GGUFInfo
 from ..memory import MemoryOptions, estimate, gpu_context_reserve, plan_layout
 from ..model_info import read_model_info
+from .llamacpp_wire import EMBED_INPUT_TOO_LONG
 from .protocol import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage
 
 _WORDS = (
@@ -154,7 +155,11 @@ class SimulatedEngine:
         self, inputs: Sequence[str], *, truncate: bool = True, dimensions: int | None = None
     ) -> Embeddings:
         self._check_alive()
-        dim = dimensions or self._info.embedding_length or 8
+        if not truncate and any(len(text.split()) > self._spec.num_ctx for text in inputs):
+            raise InvalidRequestError(EMBED_INPUT_TOO_LONG)  # as a runner's is mapped
+        dim = self._info.embedding_length or 8
+        if dimensions and dimensions < dim:  # as Ollama: only ever shortened
+            dim = dimensions
         vectors = []
         for text in inputs:
             digest = hashlib.blake2b(text.encode(), digest_size=64).digest()

@@ -22,6 +22,10 @@ from .wire import json_bytes
 
 log = logging.getLogger(__name__)
 
+# Seconds a client refused with a 503 (a full queue, a server shutting down) is told to
+# wait before trying again (Ollama sends no Retry-After).
+RETRY_AFTER_SECONDS = 1
+
 
 class RequestTooLargeError(InvalidRequestError):
     """A JSON body above the limit: HTTP 413."""
@@ -49,9 +53,17 @@ def message_for(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def error_headers(status: int) -> dict[str, str]:
+    """``Retry-After`` on a 503: the refusal is temporary."""
+    return {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else {}
+
+
 def error_response(message: str, status: int) -> Response:
     return Response(
-        json_bytes({"error": message}), status=status, content_type="application/json"
+        json_bytes({"error": message}),
+        status=status,
+        content_type="application/json",
+        headers=error_headers(status),
     )
 
 

@@ -19,7 +19,7 @@ from quart import Quart, Response, current_app, request
 
 from .._version import __version__
 from ..engines.protocol import Chunk, CompletionRequest
-from ..errors import InvalidRequestError, ModelNotFoundError, OllamatrioError
+from ..errors import InvalidRequestError, ModelNotFoundError, OllamatrioError, QueueFullError
 from ..model_info import cached, read_model_info
 from ..scheduler import ModelRequest
 from ..store import Model, parse_digest
@@ -165,6 +165,16 @@ def _closing(chunks: AsyncIterator[Chunk]) -> AbstractAsyncContextManager[Any]:
     return aclosing(chunks) if hasattr(chunks, "aclose") else nullcontext()  # type: ignore[type-var]
 
 
+def refuse_when_queue_full(ctx: ApiContext) -> None:
+    """Refuse a request that could only join a full queue before it does any work of its own
+    (resolving the name, reading headers, rendering templates), so that every request of a
+    burst over ``OLLAMA_MAX_QUEUE`` gets its 503 at once.  The scheduler's own check at
+    admission still decides for the requests that pass this one."""
+    waiting = ctx.scheduler.waiting
+    if waiting > 0 and waiting >= ctx.scheduler.settings.max_queue:
+        raise QueueFullError()
+
+
 def _images_present(req: GenerateRequest | ChatRequest) -> bool:
     return bool(req.images) if isinstance(req, GenerateRequest) else req.images
 
@@ -214,8 +224,10 @@ class OllamaApi:
         self, req: GenerateRequest | ChatRequest, label: str
     ) -> tuple[ModelRequest, Model, list[str]] | Response:
         """Resolve and check the model; answer unload requests at once (B23)."""
-        model = await self.ctx.resolve(req.model)
         empty = not req.prompt if isinstance(req, GenerateRequest) else not req.messages
+        if not (empty and req.keep_alive == 0):
+            refuse_when_queue_full(self.ctx)
+        model = await self.ctx.resolve(req.model)
         if empty and req.keep_alive == 0:
             assert model.model_path is not None
             self.ctx.scheduler.unload(str(model.model_path))
@@ -294,6 +306,7 @@ class OllamaApi:
     ) -> tuple[list[list[float]], int, float, float]:  # fmt: skip
         """(vectors, prompt tokens, load seconds, total seconds); empty input only loads."""
         started = trio.current_time()
+        refuse_when_queue_full(self.ctx)
         model = await self.ctx.resolve(name)
         caps = await self.ctx.capabilities(model)
         merged = merge_options(model.params, options)

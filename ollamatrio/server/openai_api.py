@@ -23,7 +23,7 @@ from ..errors import OllamatrioError
 from ..scheduler import ModelRequest
 from ..store import Model
 from . import openai_wire as wire
-from .errors import message_for, status_for
+from .errors import error_headers, message_for, status_for
 from .models import ApiContext
 from .ollama_api import (
     OllamaApi,
@@ -53,6 +53,7 @@ def openai_error_response(exc: BaseException) -> Response:
         json_bytes(wire.error_object(message_for(exc), status)),
         status=status,
         content_type="application/json",
+        headers=error_headers(status),
     )
 
 

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import InvalidRequestError
-from .requests import get_bool, get_int, get_list, get_model, get_str
+from .requests import check_option, get_bool, get_int, get_list, get_model, get_str, loads
 from .wire import json_bytes
 
 SSE = "text/event-stream"
@@ -122,17 +122,17 @@ def _check_n(body: Mapping[str, Any]) -> None:
 
 
 def sampling_options(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Native options from OpenAI's sampling fields.  Unlike the native API, temperature
-    and top_p default to 1.0 (OpenAI's defaults) and so override model parameters."""
+    """Native options from OpenAI's sampling fields, checked as the options they become
+    (errors name the OpenAI field).  Unlike the native API, temperature and top_p default
+    to 1.0 (OpenAI's defaults) and so override model parameters."""
     options: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}
     for key in _SAMPLING_FIELDS:
         if body.get(key) is not None:
-            options[key] = body[key]
-    limit = body.get("max_completion_tokens")
-    if limit is None:
-        limit = body.get("max_tokens")
-    if limit is not None:
-        options["num_predict"] = limit
+            options[key] = check_option(key, body[key], key)
+    for key in ("max_completion_tokens", "max_tokens"):
+        if body.get(key) is not None:
+            options["num_predict"] = check_option("num_predict", body[key], key)
+            break
     stop = body.get("stop")
     if isinstance(stop, str):
         options["stop"] = [stop]
@@ -275,8 +275,8 @@ def native_tool_calls(calls: Any) -> list[dict[str, Any]]:
         arguments = function.get("arguments") or "{}"
         if isinstance(arguments, str):
             try:
-                arguments = json.loads(arguments)
-            except ValueError:
+                arguments = loads(arguments)
+            except InvalidRequestError:
                 raise InvalidRequestError("invalid tool call arguments") from None
         if not isinstance(arguments, dict):
             raise InvalidRequestError("invalid tool call arguments")

@@ -9,17 +9,26 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterable, Mapping
+import math
+import re
+from collections.abc import AsyncIterable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import parse_keep_alive
+from ..devices import cpu_count
 from ..errors import InvalidRequestError
 from .errors import RequestTooLargeError
 
 log = logging.getLogger(__name__)
 
 MAX_JSON_BODY = 64 << 20  # bytes; blob uploads are streamed and have no limit
+# Containers inside containers.  Go allows 10000; Python's parser and everything after it
+# recurse, so the limit leaves room below the interpreter's recursion limit (1000).
+MAX_JSON_DEPTH = 256
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_NUM_CTX = 1 << 24
 
 # Options with their JSON types (spec §2).  Others are ignored, as Ollama does.
 _INT, _FLOAT, _BOOL, _STRINGS = "integer", "float", "boolean", "array of strings"
@@ -35,6 +44,35 @@ OPTION_TYPES: Mapping[str, str] = {
     # extension (not in Ollama): never stop at end-of-generation tokens (benchmarks)
     "ignore_eos": _BOOL,
 }  # fmt: skip
+
+
+def max_threads() -> int:
+    """The largest ``num_thread``: more threads than this only slow a runner down (or, at
+    absurd values, kill it)."""
+    return cpu_count() * 4
+
+
+# Inclusive ranges checked after the type (docs/api.md): values a runner would reject,
+# die on, or read wrongly (llama.cpp keeps counts in 32-bit integers).  None: unbounded;
+# a callable: decided on this machine.
+OPTION_RANGES: Mapping[str, tuple[float | None, float | Callable[[], int] | None]] = {
+    "num_ctx": (0, MAX_NUM_CTX),  # 0: automatic
+    "num_batch": (0, MAX_NUM_CTX),  # 0: automatic
+    "num_gpu": (-1, INT32_MAX),  # -1: as many layers as fit
+    "main_gpu": (0, INT32_MAX),
+    "num_thread": (0, max_threads),  # 0: the runtime decides
+    "draft_num_predict": (0, INT32_MAX),
+    "num_predict": (-2, INT32_MAX),  # -1: no limit, -2: fill the context
+    "num_keep": (-1, INT32_MAX),  # -1: the whole prompt
+    "seed": (INT64_MIN, INT64_MAX),  # -1: random
+    "top_k": (0, INT32_MAX),  # 0: off
+    "repeat_last_n": (-1, INT32_MAX),  # -1: the whole context
+    "temperature": (0, None),
+    "top_p": (0, 1),
+    "min_p": (0, 1),
+    "typical_p": (0, 1),
+    "repeat_penalty": (0, None),
+}
 # Sent by older clients (ollama-python's Options model among them): accepted, dropped.
 IGNORED_OPTIONS = frozenset(
     {
@@ -59,13 +97,81 @@ async def read_json(body: AsyncIterable[bytes], limit: int = MAX_JSON_BODY) -> d
 def decode_json_object(data: bytes) -> dict[str, Any]:
     if not data.strip():
         raise InvalidRequestError("missing request body")
-    try:
-        value = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(f"invalid JSON: {exc}") from None
+    value = loads(data)
     if not isinstance(value, dict):
         raise InvalidRequestError("request body must be a JSON object")
     return value
+
+
+# A \u escape of a UTF-16 surrogate: the only way a lone surrogate gets into decoded text.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def loads(data: bytes | str) -> Any:
+    """JSON from a client, decoded as Go's ``encoding/json`` decodes it for Ollama: invalid
+    UTF-8 and lone surrogates become U+FFFD (text that reaches a runner or a response must
+    be encodable), NaN, Infinity and numbers beyond float64 are refused, and so is nesting
+    deeper than :data:`MAX_JSON_DEPTH` (Python's parser would recurse until it overflowed).
+    Raises :class:`InvalidRequestError`."""
+    text = data.decode("utf-8-sig", "replace") if isinstance(data, bytes) else data
+    try:
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise _too_deep() from None
+    except ValueError as exc:
+        raise InvalidRequestError(f"invalid JSON: {exc}") from None
+    containers = text.count("[") + text.count("{")
+    if containers > MAX_JSON_DEPTH or _SURROGATE_ESCAPE.search(text):
+        root = [value]
+        _repair(root)
+        value = root[0]
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _too_deep() -> InvalidRequestError:
+    return InvalidRequestError(f"invalid JSON: exceeded max depth ({MAX_JSON_DEPTH})")
+
+
+def _fix(text: str) -> str:
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
+def _repair(root: list[Any]) -> None:
+    """Check the nesting and replace lone surrogates in place, without recursion (``root``
+    holds the decoded value, which is at depth 1)."""
+    stack: list[tuple[Any, int]] = [(root, 0)]
+    while stack:
+        container, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _too_deep()
+        if isinstance(container, list):
+            for i, item in enumerate(container):
+                if isinstance(item, str):
+                    container[i] = _fix(item)
+                elif isinstance(item, list | dict):
+                    stack.append((item, depth + 1))
+        elif isinstance(container, dict):
+            if any(_SURROGATE.search(key) for key in container):
+                items = [(_fix(key), item) for key, item in container.items()]
+                container.clear()
+                container.update(items)
+            for key, item in list(container.items()):
+                if isinstance(item, str):
+                    container[key] = _fix(item)
+                elif isinstance(item, list | dict):
+                    stack.append((item, depth + 1))
 
 
 # -- field access ----------------------------------------------------------------------
@@ -101,6 +207,8 @@ def get_int(body: Mapping[str, Any], key: str, default: int | None = None) -> in
         raise _type_error(key, "an integer")
     if isinstance(value, float) and not value.is_integer():
         raise _type_error(key, "an integer")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise InvalidRequestError(f"invalid value for {key!r}: integer out of range")
     return int(value)
 
 
@@ -169,30 +277,52 @@ def get_top_logprobs(body: Mapping[str, Any]) -> int:
 # -- options ---------------------------------------------------------------------------
 
 
-def check_option(key: str, value: Any) -> Any:
-    """``value`` if it has the type ``key`` needs; JSON numbers may be integral floats."""
+def check_option(key: str, value: Any, label: str | None = None) -> Any:
+    """``value`` if it has the type ``key`` needs and lies in its range; JSON numbers may be
+    integral floats.  Errors name ``label`` (default ``option <key>``)."""
     kind = OPTION_TYPES[key]
+    label = label or f"option {key}"
     if value is None:
         return None
     if kind == _INT:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidRequestError(f"option {key} must be of type integer")
+            raise InvalidRequestError(f"{label} must be of type integer")
         if isinstance(value, float) and not value.is_integer():
-            raise InvalidRequestError(f"option {key} must be of type integer")
-        return int(value)
+            raise InvalidRequestError(f"{label} must be of type integer")
+        return _in_range(key, int(value), label)
     if kind == _FLOAT:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidRequestError(f"option {key} must be of type float")
-        return float(value)
+            raise InvalidRequestError(f"{label} must be of type float")
+        if not math.isfinite(value):  # a Modelfile's "nan"; JSON has none
+            raise InvalidRequestError(f"{label} must be a finite number")
+        return _in_range(key, float(value), label)
     if kind == _BOOL:
         if not isinstance(value, bool):
-            raise InvalidRequestError(f"option {key} must be of type boolean")
+            raise InvalidRequestError(f"{label} must be of type boolean")
         return value
     if isinstance(value, str):  # a single stop string, as Modelfiles write it
         return [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise InvalidRequestError(f"option {key} must be of type {_STRINGS}")
+        raise InvalidRequestError(f"{label} must be of type {_STRINGS}")
     return list(value)
+
+
+def _in_range(key: str, value: float, label: str) -> Any:
+    low, high = OPTION_RANGES.get(key, (None, None))
+    if callable(high):
+        high = high()
+    if (low is None or value >= low) and (high is None or value <= high):
+        return value
+
+    def show(bound: float) -> str:
+        return f"{bound:g}" if isinstance(bound, float) else str(bound)
+
+    if high is None:
+        assert low is not None
+        raise InvalidRequestError(f"{label} must be at least {show(low)}")
+    if low is None:
+        raise InvalidRequestError(f"{label} must be at most {show(high)}")
+    raise InvalidRequestError(f"{label} must be between {show(low)} and {show(high)}")
 
 
 def merge_options(*layers: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -265,10 +265,13 @@ def _from_model(
 
 
 def _read(path: Any) -> GGUFInfo:
+    """The header of a blob; a defect is a 400 with Ollama's words, then the reader's exact
+    reason (the blob's path in the store left out)."""
     try:
         return read_gguf(path)
-    except GGUFError:
-        raise InvalidRequestError(NOT_GGUF) from None
+    except GGUFError as exc:
+        reason = str(exc).removeprefix(f"{path}: ")
+        raise InvalidRequestError(f"{NOT_GGUF}: {reason}") from None
 
 
 def _gguf_step(store: ModelStore, digest: str, pins: PinSet, *, adapter: bool) -> _Step:
