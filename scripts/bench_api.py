@@ -38,7 +38,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
-from ollamatrio.engines.llamacpp_wire import completion_request, parse_sse_line
+from ollamatrio.engines.llamacpp_wire import completion_request
 from ollamatrio.engines.process import ProcessEngine, ProcessEngineFactory
 from ollamatrio.engines.protocol import CompletionRequest
 from ollamatrio.scheduler import Scheduler, open_scheduler
@@ -96,14 +96,13 @@ async def via_runner(engine: ProcessEngine, n: int) -> Run:
     start = time.perf_counter()
     first = last = 0.0
     tokens = 0
-    async with engine.client.stream("POST", path, json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            event = parse_sse_line(line)
-            if event and event.get("content"):
-                last = time.perf_counter()
-                first = first or last
-                tokens += 1
+    async with engine.http.stream(path, json.dumps(body).encode()) as (_, events):
+        while batch := await events.next_batch():
+            for event in batch:
+                if event.get("content"):
+                    last = time.perf_counter()
+                    first = first or last
+                    tokens += 1
     return Run(first - start, tokens, first, last)
 
 

@@ -212,7 +212,11 @@ async def memory_case(target: Target, case: Case, path: Path) -> MemoryRow:
                 row.at_ready = engine.memory.vram_by_gpu.get(target.gpu_id, 0)
                 n_prompt = min(engine.ready["plan"]["n_ubatch"] + PROMPT_EXTRA, case.num_ctx - 8)
                 body = {"prompt": [TOKEN_ID] * n_prompt, "n_predict": 1, "cache_prompt": False}
-                (await engine.client.post("/completion", json=body)).raise_for_status()
+                status, answer = await engine.http.request(
+                    "POST", "/completion", json.dumps(body).encode()
+                )
+                if status != 200:
+                    raise RuntimeError(f"prompt failed: HTTP {status}: {answer[:200]!r}")
                 used = await devices.vram_used_by_pid(engine.pid)
                 row.after_prompt = used.get(target.gpu_id, 0)
         row.factor = sched.calibration.factor(target.gpu_id)

@@ -7,10 +7,10 @@ import os
 import signal
 import stat
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 import trio
@@ -33,9 +33,10 @@ from ollamatrio.engines.process import (
     ProcessEngineFactory,
     RunnerClient,
     _ChunkStream,
-    open_http_client,
+    open_runner_http,
 )
 from ollamatrio.engines.protocol import Chunk, CompletionRequest, LoadSpec
+from ollamatrio.engines.runner_http import parse_event
 from ollamatrio.errors import (
     CapabilityError,
     InvalidRequestError,
@@ -325,12 +326,12 @@ def tiny_runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RawRunner]
 
 @pytest.fixture
 async def client(tiny_runner: RawRunner) -> AsyncIterator[RunnerClient]:
-    async with open_http_client(tiny_runner.socket, tiny_runner.config.api_key) as http:
+    async with open_runner_http(tiny_runner.socket, tiny_runner.config.api_key) as http:
         yield RunnerClient(
             name="tiny",
             context_length=tiny_runner.ready["context_length"],
             num_parallel=2,
-            client=http,
+            http=http,
         )
 
 
@@ -413,6 +414,27 @@ async def test_cancel_mid_stream_frees_the_slot(client: RunnerClient) -> None:
                         scope.cancel()
         assert scope.cancelled_caught
         assert await wait_for_idle_slots(client) < 1.0
+
+
+async def test_cancelling_a_stream_on_a_reused_connection_frees_the_slot(
+    client: RunnerClient,
+) -> None:
+    request = CompletionRequest(
+        prompt="hello", options={**GREEDY, "num_predict": 4000, "ignore_eos": True}
+    )
+    with trio.fail_after(30):
+        assert await client.tokenize("hello")  # leaves an idle keep-alive connection
+        opened = client.http.connections_opened
+        with trio.move_on_after(5) as scope:
+            async with client.complete(request) as stream:
+                assert client.http.connections_opened == opened  # the stream reused it
+                received = 0
+                async for _ in stream:
+                    received += 1
+                    if received == 3:
+                        scope.cancel()
+        assert scope.cancelled_caught
+        assert await wait_for_idle_slots(client) < 0.1
 
 
 async def busy_slots(client: RunnerClient) -> int:
@@ -505,6 +527,21 @@ async def test_closing_a_stopped_runner_does_not_wait_out_the_grace(tiny_gguf: T
     assert not await trio.Path(folder).exists()
 
 
+class ScriptedEvents:
+    """An event source fed by an async iterator of SSE bytes: one item, one wake-up."""
+
+    def __init__(self, source: AsyncIterator[bytes]) -> None:
+        self._source = source
+
+    async def next_batch(self) -> list[dict[str, Any]]:
+        try:
+            data = await self._source.__anext__()
+        except StopAsyncIteration:
+            return []
+        events = (parse_event(raw) for raw in data.split(b"\n\n") if raw.strip())
+        return [e for e in events if e is not None]
+
+
 async def test_a_silent_stream_fails_after_the_stall_timeout(
     autojump_clock: trio.abc.Clock,
 ) -> None:
@@ -516,13 +553,13 @@ async def test_a_silent_stream_fails_after_the_stall_timeout(
         yield b'data: {"content": "!", "stop": true}\n\n'
 
     client = RunnerClient(name="t", context_length=2048, stall_timeout=300)
-    stream = _ChunkStream(client, httpx.Response(200, content=body()), CompletionStream())
-    assert (await stream.__anext__()).content == "Hello"
-    assert (await stream.__anext__()).content == " there"  # 299 s of silence is allowed
-    with pytest.raises(RunnerError, match="stopped responding: no output for 300s"):
-        await stream.__anext__()
+    async with aclosing(body()) as source:
+        stream = _ChunkStream(client, ScriptedEvents(source), CompletionStream())
+        assert (await stream.__anext__()).content == "Hello"
+        assert (await stream.__anext__()).content == " there"  # 299 s of silence is allowed
+        with pytest.raises(RunnerError, match="stopped responding: no output for 300s"):
+            await stream.__anext__()
     assert trio.current_time() == 599
-    await stream.aclose()
 
 
 async def test_duplicate_tokens_abort_is_reported(tiny_gguf: TinyGGUF) -> None:
@@ -634,8 +671,8 @@ def smollm2_runner(smollm2_path: Path) -> Iterator[RawRunner]:
 
 @pytest.fixture
 async def smollm2(smollm2_runner: RawRunner) -> AsyncIterator[RunnerClient]:
-    async with open_http_client(smollm2_runner.socket, smollm2_runner.config.api_key) as http:
-        yield RunnerClient(name="smollm2", context_length=2048, client=http)
+    async with open_runner_http(smollm2_runner.socket, smollm2_runner.config.api_key) as http:
+        yield RunnerClient(name="smollm2", context_length=2048, http=http)
 
 
 @pytest.mark.slow
@@ -669,9 +706,10 @@ async def test_a_generation_stuck_on_one_piece_is_ended() -> None:
         for _ in range(100):
             yield b'data: {"content": " la", "stop": false}\n\n'
 
-    response = httpx.Response(200, content=body())
-    stream = _ChunkStream(RunnerClient(name="t", context_length=2048), response, CompletionStream())
-    chunks = [chunk async for chunk in stream]
+    async with aclosing(body()) as source:
+        events = ScriptedEvents(source)
+        client = RunnerClient(name="t", context_length=2048)
+        chunks = [chunk async for chunk in _ChunkStream(client, events, CompletionStream())]
     assert [c.content for c in chunks[:-1]] == ["Hello"] + [" la"] * 31
     assert chunks[-1].done
     assert chunks[-1].done_reason == "stop"

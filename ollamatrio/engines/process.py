@@ -3,8 +3,8 @@
 ``ProcessEngineFactory.open(spec)`` starts ``python -m ollamatrio.runner`` inside its own
 nursery, sends it a :class:`~ollamatrio.runner.options.RunnerConfig` on stdin (the API key
 never touches argv), waits for its ready line under a stall timeout that every stderr line
-extends, and talks to llama.cpp's HTTP server over the runner's Unix socket with one
-``httpx.AsyncClient``.
+extends, and talks to llama.cpp's HTTP server over the runner's Unix socket with a
+:class:`~ollamatrio.engines.runner_http.RunnerHttp` (raw Trio streams, pooled connections).
 
 Lifetimes: the process lives exactly as long as the ``async with``.  Leaving it sends
 SIGTERM (and SIGCONT, so a stopped runner acts on it), waits ``kill_grace`` seconds, then
@@ -29,12 +29,11 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import trio
 
 import ollamatrio
@@ -48,7 +47,6 @@ from ollamatrio.engines.llamacpp_wire import (
     completion_request,
     embedding_vectors,
     is_embedding_input_limit,
-    parse_sse_line,
     raise_for_error,
 )
 from ollamatrio.engines.protocol import (
@@ -57,6 +55,12 @@ from ollamatrio.engines.protocol import (
     Embeddings,
     LoadSpec,
     MemoryUsage,
+)
+from ollamatrio.engines.runner_http import (
+    EventSource,
+    RunnerConnectionError,
+    RunnerHttp,
+    RunnerStatusError,
 )
 from ollamatrio.errors import (
     CapabilityError,
@@ -197,20 +201,20 @@ class RunnerClient:
         name: str,
         context_length: int,
         num_parallel: int = 1,
-        client: httpx.AsyncClient | None = None,
+        http: RunnerHttp | None = None,
         stall_timeout: float = math.inf,
     ) -> None:
         self._name = name
         self._context_length = context_length
-        self._client = client
+        self._http = http
         self.stall_timeout = stall_timeout  # seconds a generation may go without a byte
         self._slots = trio.Semaphore(max(1, num_parallel))  # Ollama's per-runner semaphore
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:
+    def http(self) -> RunnerHttp:
+        if self._http is None:
             raise RunnerError("the runner is not ready")
-        return self._client
+        return self._http
 
     @property
     def context_length(self) -> int:
@@ -237,32 +241,36 @@ class RunnerClient:
             return InvalidRequestError(message)
         return RunnerError(message)
 
-    async def _error_from_response(self, response: httpx.Response) -> Exception:
-        await response.aread()
+    def _error_from_body(self, status: int, raw: bytes) -> Exception:
         try:
-            body: Any = response.json()
+            body: Any = json.loads(raw)
         except ValueError:
-            body = {"error": {"message": response.text, "code": response.status_code}}
+            body = {"error": {"message": raw.decode("utf-8", "replace"), "code": status}}
         error = body.get("error") if isinstance(body, dict) else None
         if isinstance(error, dict):
-            error.setdefault("code", response.status_code)
+            error.setdefault("code", status)
             body = {"error": error}
         else:
-            body = {"error": {"message": str(error or body), "code": response.status_code}}
+            body = {"error": {"message": str(error or body), "code": status}}
         try:
             raise_for_error(body)
         except RunnerReportedError as exc:
             return self._reported(exc)
-        return RunnerError(f"runner answered HTTP {response.status_code}")
+        return RunnerError(f"runner answered HTTP {status}")
+
+    async def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> bytes:
+        """A plain request on a pooled connection; the body of a 200 answer."""
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        try:
+            status, raw = await self.http.request(method, path, data)
+        except RunnerConnectionError as exc:
+            raise await self._runner_gone(exc) from exc
+        if status != 200:
+            raise self._error_from_body(status, raw)
+        return raw
 
     async def _post_json(self, path: str, body: Mapping[str, Any]) -> Any:
-        try:
-            response = await self.client.post(path, json=body)
-        except httpx.TransportError as exc:
-            raise await self._runner_gone(exc) from exc
-        if response.status_code != 200:
-            raise await self._error_from_response(response)
-        return response.json()
+        return json.loads(await self._call("POST", path, body))
 
     @asynccontextmanager
     async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
@@ -276,24 +284,20 @@ class RunnerClient:
         # Progress events during prompt processing keep bytes flowing while the runner
         # works, so the stall deadline only catches a runner that stopped.
         body["return_progress"] = True
-        async with self._slots:
-            http_request = self.client.build_request("POST", path, json=body)
+        data = json.dumps(body, separators=(",", ":")).encode()
+        async with self._slots, AsyncExitStack() as stack:
             with trio.move_on_after(self.stall_timeout) as stall:
                 try:
-                    response = await self.client.send(http_request, stream=True)
-                except httpx.TransportError as exc:
+                    _, events = await stack.enter_async_context(self.http.stream(path, data))
+                except RunnerStatusError as exc:
+                    raise self._error_from_body(exc.status, exc.body) from None
+                except RunnerConnectionError as exc:
                     raise await self._runner_gone(exc) from exc
             if stall.cancelled_caught:
                 raise await self._stalled()
-            stream = _ChunkStream(self, response, parser)
-            try:
-                if response.status_code != 200:
-                    raise await self._error_from_response(response)
-                yield stream
-            finally:
-                # Closing the connection is what tells llama.cpp to stop and free the slot.
-                with trio.CancelScope(shield=True), trio.move_on_after(2.0):
-                    await stream.aclose()
+            # Leaving closes the connection: that is what tells llama.cpp to stop and free
+            # the slot (synchronously, so it happens in a cancelled scope too).
+            yield _ChunkStream(self, events, parser)
 
     async def embed(
         self, inputs: Sequence[str], *, truncate: bool = True, dimensions: int | None = None
@@ -335,14 +339,14 @@ class RunnerClient:
         return str((await self._post_json("/detokenize", {"tokens": list(tokens)}))["content"])
 
     async def healthy(self) -> bool:
-        if self._client is None:
+        if self._http is None:
             return False
         with trio.move_on_after(HEALTH_TIMEOUT):
             try:
-                response = await self._client.get("/health")
-            except httpx.HTTPError:
+                status, raw = await self._http.request("GET", "/health")
+                return status == 200 and json.loads(raw).get("status") == "ok"
+            except (RunnerConnectionError, ValueError, AttributeError):
                 return False
-            return response.status_code == 200 and response.json().get("status") == "ok"
         return False
 
     async def slots(self) -> list[dict[str, Any]]:
@@ -350,34 +354,21 @@ class RunnerClient:
         return list(await self._get_json("/slots"))
 
     async def metrics(self) -> str:
-        try:
-            response = await self.client.get("/metrics")
-        except httpx.TransportError as exc:
-            raise await self._runner_gone(exc) from exc
-        return response.text
+        return (await self._call("GET", "/metrics")).decode("utf-8", "replace")
 
     async def _get_json(self, path: str) -> Any:
-        try:
-            response = await self.client.get(path)
-        except httpx.TransportError as exc:
-            raise await self._runner_gone(exc) from exc
-        if response.status_code != 200:
-            raise await self._error_from_response(response)
-        return response.json()
+        return json.loads(await self._call("GET", path))
 
 
 @asynccontextmanager
-async def open_http_client(socket: str, api_key: str) -> AsyncIterator[httpx.AsyncClient]:
-    """One client per runner: no read timeout (Trio scopes own deadlines), no keep-alive."""
-    transport = httpx.AsyncHTTPTransport(
-        uds=socket,
-        limits=httpx.Limits(max_keepalive_connections=0),  # engine.md §4 trap 2
-    )
-    headers = {"Authorization": f"Bearer {api_key}"}
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://runner", headers=headers, timeout=None
-    ) as client:
-        yield client
+async def open_runner_http(socket: str, api_key: str) -> AsyncIterator[RunnerHttp]:
+    """The HTTP client for one runner's socket, its pooled connections closed at the end.
+    No read timeouts: Trio scopes own the deadlines."""
+    http = RunnerHttp(socket, api_key)
+    try:
+        yield http
+    finally:
+        http.close()
 
 
 class ProcessEngine(RunnerClient):
@@ -453,8 +444,8 @@ class ProcessEngine(RunnerClient):
                 pass  # it died at once; the ready wait reports why
             self.ready = await self._wait_ready(process)
             self._context_length = int(self.ready.get("context_length") or self._spec.num_ctx)
-            async with open_http_client(self.ready["socket"], self._config.api_key) as client:
-                self._client = client
+            async with open_runner_http(self.ready["socket"], self._config.api_key) as http:
+                self._http = http
                 task_status.started()
                 await self._exited.wait()
                 if not self._closing:
@@ -574,17 +565,19 @@ class ProcessEngine(RunnerClient):
 
 
 class _ChunkStream:
-    """Pull-based iterator over one streamed response (no task of its own)."""
+    """Pull-based stream of one generation's chunks (no task of its own).
+
+    :meth:`next_batch` returns every chunk the runner's last wake-up delivered, so a relay
+    can write them to its client at once; iterating gives them one by one."""
 
     def __init__(
         self,
         engine: RunnerClient,
-        response: httpx.Response,
+        events: EventSource,
         parser: ChatStream | CompletionStream,
     ) -> None:
         self._engine = engine
-        self._response = response
-        self._lines = response.aiter_lines()
+        self._events = events
         self._parser = parser
         self._pending: list[Chunk] = []
         self._finished = False
@@ -599,16 +592,29 @@ class _ChunkStream:
         while not self._pending:
             if self._finished:
                 raise StopAsyncIteration
-            await self._read_event()
-        chunk = self._pending.pop(0)
-        if chunk.content and not chunk.done and self._stuck(chunk.content):
-            # Ollama's guard (B61): a model emitting the same piece over and over is stuck;
-            # end the answer here (closing the stream stops llama.cpp).
-            log.debug("prediction aborted: %r repeated %d times", chunk.content, self._repeats)
-            self._pending.clear()
-            self._finished = True
-            return Chunk(done=True, done_reason="stop", eval_count=self._pieces)
-        return chunk
+            self._pending = await self.next_batch()
+        return self._pending.pop(0)
+
+    async def next_batch(self) -> list[Chunk]:
+        """The chunks of the next wake-up; ``[]`` once the generation has ended."""
+        if self._pending:
+            batch, self._pending = self._pending, []
+            return batch
+        while not self._finished:
+            batch = self._guard(await self._read())
+            if batch:
+                return batch
+        return []
+
+    def _guard(self, chunks: list[Chunk]) -> list[Chunk]:
+        """Ollama's guard (B61): a model emitting the same piece over and over is stuck;
+        end the answer at the piece past the limit (closing the stream stops llama.cpp)."""
+        for i, chunk in enumerate(chunks):
+            if chunk.content and not chunk.done and self._stuck(chunk.content):
+                log.debug("prediction aborted: %r repeated %d times", chunk.content, self._repeats)
+                self._finished = True
+                return [*chunks[:i], Chunk(done=True, done_reason="stop", eval_count=self._pieces)]
+        return chunks
 
     def _stuck(self, piece: str) -> bool:
         self._pieces += 1
@@ -618,36 +624,32 @@ class _ChunkStream:
             self._last_piece, self._repeats = piece, 0
         return self._repeats > REPEAT_LIMIT
 
-    async def _read_event(self) -> None:
-        line: str | None = None
+    async def _read(self) -> list[Chunk]:
+        events: list[dict[str, Any]] = []
         with trio.move_on_after(self._engine.stall_timeout) as stall:
             try:
-                line = await self._lines.__anext__()
-            except StopAsyncIteration:
-                line = None
-            except httpx.TransportError as exc:
+                events = await self._events.next_batch()
+            except RunnerConnectionError as exc:
+                self._finished = True
                 raise await self._engine._runner_gone(exc) from exc
         if stall.cancelled_caught:
             self._finished = True
             raise await self._engine._stalled()
-        if line is None or line.strip() == "data: [DONE]":
-            self._pending.extend(self._parser.finish())
-            self._finished = True
-            if not self._parser.done:  # the stream stopped without its final event
-                raise await self._engine._runner_gone(None)
-            return
+        chunks: list[Chunk] = []
         try:
-            event = parse_sse_line(line)
-            if event is not None:
-                self._pending.extend(self._parser.feed(event))
+            for event in events:
+                chunks.extend(self._parser.feed(event))
         except RunnerReportedError as exc:
+            self._finished = True
             raise self._engine._reported(exc) from None
         if isinstance(self._parser, CompletionStream) and self._parser.done:
             self._finished = True
-
-    async def aclose(self) -> None:
-        await self._lines.aclose()  # type: ignore[attr-defined]  # an async generator
-        await self._response.aclose()
+        elif not events:  # the response ended
+            chunks.extend(self._parser.finish())
+            self._finished = True
+            if not self._parser.done:  # it stopped without its final event
+                raise await self._engine._runner_gone(None)
+        return chunks
 
 
 def _json_line(line: bytes) -> dict[str, Any]:

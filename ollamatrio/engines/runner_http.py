@@ -22,7 +22,7 @@ import json
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import trio
 
@@ -177,6 +177,10 @@ class ChunkedDecoder:
 
     def leftover(self) -> bytearray:
         return self._raw
+
+
+class EventSource(Protocol):
+    async def next_batch(self) -> list[dict[str, Any]]: ...
 
 
 class EventStream:
