@@ -22,6 +22,7 @@ from ..store import ModelStore
 from .cors import CorsAnswer, OriginPolicy, cors_answer
 from .drain import Drain
 from .errors import response_for
+from .fastpath import GenerationRoutes
 from .models import ApiContext
 from .ollama_api import OllamaApi
 from .openai_api import OpenAiApi, openai_error_response
@@ -169,6 +170,11 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
         if last is not None and isinstance(response.response, IterableBody):
             response.response = IterableBody(drain.body(response.response.iter, last))
         return response
+
+    # The generation routes run as plain ASGI in front of Quart (server/fastpath.py).
+    app.asgi_app = GenerationRoutes(  # type: ignore[method-assign]
+        app.asgi_app, ctx, drain, origins, guard_hosts, allowed_host
+    )
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:

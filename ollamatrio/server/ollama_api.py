@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
+from contextlib import aclosing
 from typing import Any
 
 import trio
 from quart import Quart, Response, current_app, request
 
 from .._version import __version__
-from ..engines.protocol import Chunk, CompletionRequest
+from ..engines.protocol import CompletionRequest
 from ..errors import InvalidRequestError, ModelNotFoundError, OllamatrioError, QueueFullError
 from ..model_info import cached, read_model_info
 from ..scheduler import ModelRequest
@@ -41,8 +41,6 @@ from .requests import (
 )
 from .wire import (
     NDJSON,
-    ChatAggregate,
-    GenerateAggregate,
     json_bytes,
     ndjson_body,
     ns,
@@ -64,105 +62,20 @@ def empty_response(status: int = 200) -> Response:
     return Response(b"", status=status)
 
 
-async def respond(
-    events: AsyncIterator[dict[str, Any]],
-    stream: bool,
-    fold: Callable[[], GenerateAggregate | ChatAggregate] | None = None,
-) -> Response:
-    """Stream ``events`` as NDJSON, or (``stream`` false) answer with one object: the
-    aggregate when ``fold`` is given, else the last event.  Errors before the first
-    event propagate, so they get their own status."""
+async def respond(events: AsyncIterator[dict[str, Any]], stream: bool) -> Response:
+    """Stream progress ``events`` (create, pull) as NDJSON, or (``stream`` false) answer
+    with the last one.  Errors before the first event propagate, so they get their own
+    status."""
     if not stream:
-        aggregate = fold() if fold is not None else None
         last: dict[str, Any] = {}
         async with aclosing(events):  # type: ignore[type-var]
             async for obj in events:
-                if aggregate is not None:
-                    aggregate.add(obj)
                 last = obj
-        return json_response(aggregate.result() if aggregate is not None else last)
+        return json_response(last)
     primed = await prime(events)
     if primed is None:
         return Response(b"", content_type=NDJSON)
     return Response(ndjson_body(primed), content_type=NDJSON)
-
-
-# -- completion events -----------------------------------------------------------------
-
-
-def _timings(chunk: Chunk, started: float, load_duration: float) -> dict[str, Any]:
-    return {
-        "total_duration": ns(trio.current_time() - started),
-        "load_duration": ns(load_duration),
-        "prompt_eval_count": chunk.prompt_eval_count,
-        "prompt_eval_duration": chunk.prompt_eval_duration,
-        "eval_count": chunk.eval_count,
-        "eval_duration": chunk.eval_duration,
-    }
-
-
-def generate_line(model: str, chunk: Chunk) -> dict[str, Any]:
-    line: dict[str, Any] = {"model": model, "created_at": rfc3339(), "response": chunk.content}
-    if chunk.thinking:
-        line["thinking"] = chunk.thinking
-    line["done"] = chunk.done
-    return line
-
-
-def chat_line(model: str, chunk: Chunk) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": chunk.content}
-    if chunk.thinking:
-        message["thinking"] = chunk.thinking
-    if chunk.tool_calls:
-        message["tool_calls"] = [dict(call) for call in chunk.tool_calls]
-    return {"model": model, "created_at": rfc3339(), "message": message, "done": chunk.done}
-
-
-async def completion_events(
-    ctx: ApiContext,
-    model_request: ModelRequest,
-    completion: CompletionRequest,
-    line: Callable[[Chunk], dict[str, Any]],
-    *,
-    inline_errors: bool,
-    started: float | None = None,
-) -> AsyncIterator[dict[str, Any]]:
-    """One object per streamed chunk; the last carries ``done_reason`` and the timings
-    (``total_duration`` counts from ``started``, the request's arrival, by default now).
-
-    With ``inline_errors``, an error after the first object becomes one final
-    ``{"error": ...}`` object (the status line has already gone out)."""
-    started = trio.current_time() if started is None else started
-    sent = False
-    try:
-        async with ctx.scheduler.lease(model_request) as lease:
-            async with lease.engine.complete(completion) as chunks, _closing(chunks):
-                async for chunk in chunks:
-                    if chunk.done:
-                        obj = line(chunk)
-                        obj["done_reason"] = chunk.done_reason or "stop"
-                        obj.update(_timings(chunk, started, lease.load_duration))
-                        sent = True
-                        yield obj
-                        return
-                    if chunk.content or chunk.thinking or chunk.tool_calls:
-                        sent = True
-                        yield line(chunk)
-            # The engine ended without a final chunk: close the stream properly anyway.
-            obj = line(Chunk(done=True))
-            obj["done_reason"] = "stop"
-            obj.update(_timings(Chunk(), started, lease.load_duration))
-            yield obj
-    except OllamatrioError as exc:
-        if not (sent and inline_errors):
-            raise
-        log.warning("generation failed mid-stream: %s", exc)
-        yield {"error": str(exc)}
-
-
-def _closing(chunks: AsyncIterator[Chunk]) -> AbstractAsyncContextManager[Any]:
-    """Close an engine's chunk generator when we stop early (after the final chunk)."""
-    return aclosing(chunks) if hasattr(chunks, "aclose") else nullcontext()  # type: ignore[type-var]
 
 
 def refuse_when_queue_full(ctx: ApiContext) -> None:
@@ -192,8 +105,6 @@ class OllamaApi:
         routes: list[tuple[str, Callable[..., Any], list[str]]] = [
             ("/", self.root, ["GET", "HEAD"]),
             ("/api/version", self.version, ["GET", "HEAD"]),
-            ("/api/generate", self.generate, ["POST"]),
-            ("/api/chat", self.chat, ["POST"]),
             ("/api/embed", self.embed, ["POST"]),
             ("/api/embeddings", self.embeddings, ["POST"]),
             ("/api/tags", self.tags, ["GET", "HEAD"]),
@@ -255,48 +166,6 @@ class OllamaApi:
             out["message"] = {"role": "assistant", "content": ""}
         out.update(done=True, done_reason=reason)
         return out
-
-    async def generate(self) -> Response:
-        started = trio.current_time()
-        req = GenerateRequest.parse(await read_json(request.body))
-        prepared = await self.prepare(req, "generate")
-        if isinstance(prepared, Response):
-            return prepared
-        model_request, model, _caps = prepared
-        if not req.prompt and not req.images:
-            await self.ctx.scheduler.load(model_request)  # B24: load only
-            return json_response(self._done(req, "load"))
-        completion = generate_completion(req, model, model_request.options)
-        events = completion_events(
-            self.ctx,
-            model_request,
-            completion,
-            lambda chunk: generate_line(req.model, chunk),
-            inline_errors=req.stream,
-            started=started,
-        )
-        return await respond(events, req.stream, GenerateAggregate)
-
-    async def chat(self) -> Response:
-        started = trio.current_time()
-        req = ChatRequest.parse(await read_json(request.body))
-        prepared = await self.prepare(req, "chat")
-        if isinstance(prepared, Response):
-            return prepared
-        model_request, model, _caps = prepared
-        if not req.messages:
-            await self.ctx.scheduler.load(model_request)
-            return json_response(self._done(req, "load"))
-        completion = chat_completion(req, model, model_request.options)
-        events = completion_events(
-            self.ctx,
-            model_request,
-            completion,
-            lambda chunk: chat_line(req.model, chunk),
-            inline_errors=req.stream,
-            started=started,
-        )
-        return await respond(events, req.stream, ChatAggregate)
 
     # -- embeddings -------------------------------------------------------------------
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -20,22 +19,15 @@ from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
 from ..errors import OllamatrioError
-from ..scheduler import ModelRequest
-from ..store import Model
 from . import openai_wire as wire
 from .errors import error_headers, message_for, status_for
 from .models import ApiContext
 from .ollama_api import (
     OllamaApi,
-    chat_completion,
-    chat_line,
-    completion_events,
-    generate_completion,
-    generate_line,
     json_response,
 )
-from .requests import ChatRequest, GenerateRequest, get_model, read_json
-from .wire import ChatAggregate, GenerateAggregate, json_bytes, prime
+from .requests import get_model, read_json
+from .wire import json_bytes
 
 log = logging.getLogger(__name__)
 
@@ -70,30 +62,6 @@ def openai_errors(handler: Handler) -> Handler:
     return wrapper
 
 
-async def fold(
-    events: AsyncIterator[dict[str, Any]], aggregate: ChatAggregate | GenerateAggregate
-) -> dict[str, Any]:
-    """Run a native event stream to its end and return the one folded object."""
-    async with aclosing(events):  # type: ignore[type-var]
-        async for obj in events:
-            aggregate.add(obj)
-    return aggregate.result()
-
-
-async def stream(
-    events: AsyncIterator[dict[str, Any]], translate: Callable[[dict[str, Any]], list[Any]]
-) -> Response:
-    """SSE response; errors before the first native object keep their own status."""
-    primed = await prime(events)
-    if primed is None:
-        return Response(wire.SSE_DONE, content_type=wire.SSE)
-    return Response(
-        wire.sse_body(primed, translate),
-        content_type=wire.SSE,
-        headers={"Cache-Control": "no-cache"},
-    )
-
-
 class OpenAiApi:
     """The ``/v1`` routes, bound to one :class:`ApiContext`."""
 
@@ -103,8 +71,6 @@ class OpenAiApi:
 
     def register(self, app: Quart) -> None:
         routes: list[tuple[str, Handler, list[str]]] = [
-            ("/v1/chat/completions", self.chat_completions, ["POST"]),
-            ("/v1/completions", self.completions, ["POST"]),
             ("/v1/embeddings", self.embeddings, ["POST"]),
             ("/v1/models", self.list_models, ["GET"]),
             # Names hold ":" and "/" (namespace/model:tag): the path converter takes both.
@@ -114,54 +80,6 @@ class OpenAiApi:
             app.add_url_rule(
                 path, f"openai_{handler.__name__}", openai_errors(handler), methods=methods
             )
-
-    # -- generation -------------------------------------------------------------------
-
-    async def _prepare(
-        self, req: ChatRequest | GenerateRequest, label: str
-    ) -> tuple[ModelRequest, Model]:
-        """The native checks: model, capabilities (vision, thinking, tools), options."""
-        prepared = await self._native.prepare(req, label)
-        # Only an unload request (keep_alive 0, which /v1 cannot send) answers at once.
-        assert not isinstance(prepared, Response)
-        model_request, model, _caps = prepared
-        return model_request, model
-
-    async def chat_completions(self) -> Response:
-        body = await read_json(request.body)
-        req = ChatRequest.parse(wire.chat_body(body))
-        usage = wire.include_usage(body)
-        model_request, model = await self._prepare(req, "chat")
-        completion = chat_completion(req, model, model_request.options)
-        events = completion_events(
-            self.ctx,
-            model_request,
-            completion,
-            functools.partial(chat_line, req.model),
-            inline_errors=req.stream,
-        )
-        if req.stream:
-            return await stream(events, wire.ChatChunks(req.model, usage))
-        result = await fold(events, ChatAggregate())
-        return json_response(wire.chat_completion(req.model, result))
-
-    async def completions(self) -> Response:
-        body = await read_json(request.body)
-        req = GenerateRequest.parse(wire.completion_body(body))
-        usage = wire.include_usage(body)
-        model_request, model = await self._prepare(req, "generate")
-        completion = generate_completion(req, model, model_request.options)
-        events = completion_events(
-            self.ctx,
-            model_request,
-            completion,
-            functools.partial(generate_line, req.model),
-            inline_errors=req.stream,
-        )
-        if req.stream:
-            return await stream(events, wire.CompletionChunks(req.model, usage))
-        result = await fold(events, GenerateAggregate())
-        return json_response(wire.text_completion(req.model, result))
 
     # -- embeddings -------------------------------------------------------------------
 

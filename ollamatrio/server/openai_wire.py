@@ -14,7 +14,7 @@ import json
 import secrets
 import struct
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -411,112 +411,8 @@ def text_completion(model: str, result: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-class _Chunks:
-    """Shared state of one streamed response: id and creation time stay fixed."""
-
-    object = ""
-    prefix = ""
-
-    def __init__(self, model: str, include_usage: bool) -> None:
-        self.id = new_id(self.prefix)
-        self.created = int(time.time())
-        self.model = model
-        self.include_usage = include_usage
-
-    def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": SYSTEM_FINGERPRINT,
-            "choices": choices,
-        }
-
-    def usage_chunk(self, final: Mapping[str, Any]) -> dict[str, Any]:
-        chunk = self.envelope([])
-        chunk["usage"] = usage(final)
-        return chunk
-
-
-class ChatChunks(_Chunks):
-    """Native ``/api/chat`` lines → ``chat.completion.chunk`` objects.  The finish reason
-    comes in its own chunk with an empty delta, then the usage chunk if asked for."""
-
-    object = "chat.completion.chunk"
-    prefix = "chatcmpl"
-
-    def __init__(self, model: str, include_usage: bool) -> None:
-        super().__init__(model, include_usage)
-        self._tool_calls = 0
-
-    def __call__(self, line: Mapping[str, Any]) -> list[dict[str, Any]]:
-        out = []
-        message = line.get("message") or {}
-        content, thinking = message.get("content") or "", message.get("thinking") or ""
-        calls = message.get("tool_calls") or ()
-        if content or thinking or calls:
-            delta: dict[str, Any] = {"role": "assistant", "content": content}
-            if thinking:
-                delta["reasoning"] = thinking
-            if calls:
-                delta["tool_calls"] = openai_tool_calls(calls, self._tool_calls, stream=True)
-                self._tool_calls += len(calls)
-            out.append(self.envelope([{"index": 0, "delta": delta, "finish_reason": None}]))
-        if line.get("done"):
-            reason = _finish_reason(line, self._tool_calls > 0)
-            empty = {"role": "assistant", "content": ""}
-            out.append(self.envelope([{"index": 0, "delta": empty, "finish_reason": reason}]))
-            if self.include_usage:
-                out.append(self.usage_chunk(line))
-        return out
-
-
-class CompletionChunks(_Chunks):
-    """Native ``/api/generate`` lines → streamed ``text_completion`` objects."""
-
-    object = "text_completion"
-    prefix = "cmpl"
-
-    def __call__(self, line: Mapping[str, Any]) -> list[dict[str, Any]]:
-        out = []
-        text = line.get("response") or ""
-        if text:
-            out.append(self.envelope([self._choice(text, None)]))
-        if line.get("done"):
-            out.append(self.envelope([self._choice("", _finish_reason(line, False))]))
-            if self.include_usage:
-                out.append(self.usage_chunk(line))
-        return out
-
-    @staticmethod
-    def _choice(text: str, finish_reason: str | None) -> dict[str, Any]:
-        return {"text": text, "index": 0, "finish_reason": finish_reason, "logprobs": None}
-
-
 def sse_event(obj: Any) -> bytes:
     return b"data: " + json_bytes(obj) + b"\n\n"
-
-
-async def sse_body(
-    lines: AsyncIterator[dict[str, Any]], translate: Callable[[dict[str, Any]], list[Any]]
-) -> AsyncIterator[bytes]:
-    """Native lines as SSE events, ending in ``[DONE]``; a native ``{"error"}`` line ends
-    the stream with an OpenAI error event instead.  Closing this closes ``lines`` (and
-    with it the lease), so a client that disconnects stops the generation."""
-    try:
-        async for line in lines:
-            if "error" in line:
-                yield sse_event(error_object(str(line["error"]), 500))
-                return
-            events = translate(line)
-            if events:
-                yield b"".join(sse_event(event) for event in events)
-        yield SSE_DONE
-    finally:
-        aclose = getattr(lines, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
 
 def embedding_list(

@@ -1,0 +1,288 @@
+"""The generation routes as plain ASGI, in front of the Quart app.
+
+``POST /api/generate``, ``/api/chat``, ``/v1/completions`` and ``/v1/chat/completions`` carry
+every token, so they skip Quart's request and response machinery: one task per request
+reads the body, runs the same parsing and model checks as the Quart views, and then owns
+the generation (lease and engine stream) in an ``async with`` for exactly as long as it
+writes the response, one write per engine wake-up.  A watcher in the request's nursery
+cancels it when the client disconnects, which returns the lease and closes the runner
+connection (llama.cpp stops generating); shutdown's cut ends it the same way, with a last
+error line.  Everything else goes to Quart unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from quart import Response
+from quart_trio import QuartTrio
+
+from ..errors import OllamatrioError, ServerShuttingDownError
+from .cors import OriginPolicy, cors_answer
+from .drain import Drain
+from .errors import RequestTooLargeError, response_for
+from .models import ApiContext
+from .ollama_api import OllamaApi, chat_completion, generate_completion, json_response
+from .openai_api import openai_error_response
+from .openai_wire import chat_body, completion_body, include_usage, text_completion
+from .openai_wire import chat_completion as openai_chat_completion
+from .relay import (
+    ChatEvents,
+    ChatLines,
+    CompletionEvents,
+    Encoder,
+    Fold,
+    GenerateLines,
+    Generation,
+    open_generation,
+)
+from .requests import MAX_JSON_BODY, ChatRequest, GenerateRequest, decode_json_object
+
+log = logging.getLogger(__name__)
+
+ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
+ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass
+class Plan:
+    """What a generation route decided: answer at once (``response``), or run a generation
+    and stream it with ``encoder`` or fold it with ``fold``."""
+
+    response: Response | None = None
+    generation: Any = None  # an open_generation(...) context manager
+    encoder: Encoder | None = None
+    fold: Callable[[Fold, Generation], dict[str, Any]] | None = None
+
+
+class GenerationRoutes:
+    """ASGI app: the four generation routes here, everything else to ``app``."""
+
+    def __init__(
+        self, app: QuartTrio, ctx: ApiContext, drain: Drain, origins: OriginPolicy,
+        guard_hosts: bool, allowed_host: Callable[[str], bool],
+    ) -> None:  # fmt: skip
+        self.app = app
+        self.ctx = ctx
+        self.drain = drain
+        self._origins = origins
+        self._guard_hosts = guard_hosts
+        self._allowed_host = allowed_host
+        self._native = OllamaApi(ctx)
+        self._routes: dict[str, tuple[Callable[[dict[str, Any], float], Awaitable[Plan]], bool]] = {
+            "/api/generate": (self._generate, False),
+            "/api/chat": (self._chat, False),
+            "/v1/completions": (self._completions, True),
+            "/v1/chat/completions": (self._chat_completions, True),
+        }
+
+    async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
+        route = None
+        if scope["type"] == "http" and scope["method"] == "POST":
+            route = self._routes.get(scope["path"])
+        if route is None:
+            await self.app(scope, receive, send)  # type: ignore[arg-type]
+            return
+        await _Exchange(self, scope, receive, send, openai=route[1]).run(route[0])
+
+    # -- the routes: parse, check, plan -------------------------------------------------
+
+    async def _plan(
+        self, req: GenerateRequest | ChatRequest, started: float, *, native: bool,
+        encoder: Encoder, fold: Callable[[Fold, Generation], dict[str, Any]],
+    ) -> Plan:  # fmt: skip
+        """The native checks (model, capabilities, options), then the generation to run.
+        Native routes also answer unload (B23) and load-only (B24) requests at once."""
+        chat = isinstance(req, ChatRequest)
+        prepared = await self._native.prepare(req, "chat" if chat else "generate")
+        if isinstance(prepared, Response):
+            assert native, "only an unload request answers at once; /v1 cannot send one"
+            return Plan(response=prepared)
+        model_request, model, _ = prepared
+        empty = not req.messages if isinstance(req, ChatRequest) else not (req.prompt or req.images)
+        if native and empty:
+            await self.ctx.scheduler.load(model_request)
+            return Plan(response=json_response(self._native._done(req, "load")))
+        if isinstance(req, ChatRequest):
+            completion = chat_completion(req, model, model_request.options)
+        else:
+            completion = generate_completion(req, model, model_request.options)
+        generation = open_generation(self.ctx.scheduler, model_request, completion, started)
+        if req.stream:
+            return Plan(generation=generation, encoder=encoder)
+        return Plan(generation=generation, fold=fold)
+
+    async def _generate(self, body: dict[str, Any], started: float) -> Plan:
+        req = GenerateRequest.parse(body)
+        return await self._plan(
+            req, started, native=True, encoder=GenerateLines(req.model),
+            fold=lambda f, g: f.generate(req.model, g),
+        )  # fmt: skip
+
+    async def _chat(self, body: dict[str, Any], started: float) -> Plan:
+        req = ChatRequest.parse(body)
+        return await self._plan(
+            req, started, native=True, encoder=ChatLines(req.model),
+            fold=lambda f, g: f.chat(req.model, g),
+        )  # fmt: skip
+
+    async def _completions(self, body: dict[str, Any], started: float) -> Plan:
+        req = GenerateRequest.parse(completion_body(body))
+        return await self._plan(
+            req, started, native=False, encoder=CompletionEvents(req.model, include_usage(body)),
+            fold=lambda f, g: text_completion(req.model, f.generate(req.model, g)),
+        )  # fmt: skip
+
+    async def _chat_completions(self, body: dict[str, Any], started: float) -> Plan:
+        req = ChatRequest.parse(chat_body(body))
+        return await self._plan(
+            req, started, native=False, encoder=ChatEvents(req.model, include_usage(body)),
+            fold=lambda f, g: openai_chat_completion(req.model, f.chat(req.model, g)),
+        )  # fmt: skip
+
+
+class _Exchange:
+    """One request on a generation route: its guard, body, plan and response."""
+
+    def __init__(
+        self, routes: GenerationRoutes, scope: dict[str, Any], receive: ASGIReceive,
+        send: ASGISend, *, openai: bool,
+    ) -> None:  # fmt: skip
+        self.routes = routes
+        self.scope = scope
+        self.receive = receive
+        self._send = send
+        self.openai = openai
+        self.status: int | None = None  # once the response has started
+        headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", ())}
+        self.origin = headers["origin"].decode("latin-1") if "origin" in headers else None
+        self.host = headers.get("host", b"").decode("latin-1")
+        self.cors_headers: list[tuple[str, str]] = []
+        self.encoder: Encoder | None = None
+
+    # -- sending ------------------------------------------------------------------------
+
+    async def start(
+        self, status: int, content_type: str, extra: dict[str, str] | None = None
+    ) -> None:
+        headers = [(b"content-type", content_type.encode())]
+        headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
+        headers += [(k.encode(), v.encode()) for k, v in self.cors_headers]
+        self.status = status
+        log.info(
+            "%s %s %d", self.scope["method"], self.scope["path"], status,
+            extra={"client": (self.scope.get("client") or ("",))[0]},
+        )  # fmt: skip
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes, *, more: bool = True) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def respond(self, response: Response) -> None:
+        data = await response.get_data()
+        extra = {k: v for k, v in response.headers.items() if k.lower() != "content-type"}
+        extra.pop("Content-Length", None)
+        await self.start(response.status_code, response.content_type or "", extra)
+        await self.body(data if isinstance(data, bytes) else data.encode(), more=False)
+
+    async def error(self, exc: BaseException) -> None:
+        response = openai_error_response(exc) if self.openai else response_for(exc)
+        await self.respond(response)
+
+    # -- the exchange -------------------------------------------------------------------
+
+    async def read_body(self) -> dict[str, Any] | None:
+        """The JSON body; None if the client left before sending all of it."""
+        data = bytearray()
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                return None
+            data += message.get("body", b"")
+            if len(data) > MAX_JSON_BODY:
+                raise RequestTooLargeError(f"request body exceeds {MAX_JSON_BODY} bytes")
+            if not message.get("more_body", False):
+                return decode_json_object(bytes(data))
+
+    async def watch_disconnect(self, scope: trio.CancelScope) -> None:
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        scope.cancel()
+
+    async def run(self, route: Callable[[dict[str, Any], float], Awaitable[Plan]]) -> None:
+        cors = cors_answer(self.origin, self.host, "POST", self.routes._origins)
+        self.cors_headers = cors.headers
+        if cors.status is not None:
+            await self.start(cors.status, "text/plain")
+            await self.body(b"", more=False)
+            return
+        if self.routes._guard_hosts and not self.routes._allowed_host(self.host):
+            await self.start(403, "text/plain")
+            await self.body(b"", more=False)
+            return
+        started = trio.current_time()
+        try:
+            body = await self.read_body()
+        except OllamatrioError as exc:
+            await self.error(exc)
+            return
+        if body is None:
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.watch_disconnect, nursery.cancel_scope)
+            try:
+                with self.routes.drain.guard():
+                    await self.serve(route, body, started)
+            except ServerShuttingDownError as exc:
+                await self.last_words(exc)
+            except Exception as exc:  # trio.Cancelled is a BaseException: it passes
+                await self.last_words(exc)
+            nursery.cancel_scope.cancel()
+
+    async def serve(
+        self, route: Callable[[dict[str, Any], float], Awaitable[Plan]], body: dict[str, Any],
+        started: float,
+    ) -> None:  # fmt: skip
+        plan = await route(body, started)
+        if plan.response is not None:
+            await self.respond(plan.response)
+            return
+        async with plan.generation as gen:
+            if plan.fold is not None:
+                fold = Fold()
+                while batch := await gen.next_batch():
+                    fold.add(batch)
+                await self.respond(json_response(plan.fold(fold, gen)))
+                return
+            encoder = plan.encoder
+            assert encoder is not None
+            self.encoder = encoder
+            batch = await gen.next_batch()  # an error before it keeps its own status
+            extra = {"Cache-Control": "no-cache"} if self.openai else None
+            await self.start(200, encoder.content_type, extra)
+            while True:  # one write per wake-up; the last one ends the response
+                data = encoder.encode(batch, gen)
+                if gen.final is not None:
+                    await self.body(data + encoder.end(), more=False)
+                    return
+                if data:
+                    await self.body(data)
+                batch = await gen.next_batch()
+
+    async def last_words(self, exc: BaseException) -> None:
+        """An error's answer: its own status before the response started, else one last
+        error line (event) on the stream."""
+        if self.status is None:
+            await self.error(exc)
+            return
+        status = 503 if isinstance(exc, ServerShuttingDownError) else 500
+        if isinstance(exc, OllamatrioError):
+            log.warning("generation failed mid-stream: %s", exc)
+        else:
+            log.error("unexpected error in a stream", exc_info=exc)
+        assert self.encoder is not None  # only streams start before the end
+        await self.body(self.encoder.error(str(exc), status), more=False)
