@@ -529,6 +529,31 @@ async def test_completions_request_translation(api_server) -> None:
     assert dict(plain.options) == {"temperature": 0.0, "top_p": 1.0}
 
 
+async def test_keep_alive_and_options_as_extra_body_fields(api_server) -> None:
+    engines = scripted_engines()
+    with trio.fail_after(20):
+        async with api_server(engines=engines) as srv, sdk(srv.url) as c:
+            await c.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_body={"keep_alive": -1, "options": {"num_ctx": 512, "top_k": 3}},
+            )
+            (info,) = srv.scheduler.ps()
+            assert info.expires_at is None  # kept forever
+            assert info.context_length == 512
+            await c.completions.create(
+                model="tiny", prompt="hi", extra_body={"keep_alive": "1m"}
+            )
+            assert srv.scheduler.ps()[0].keep_alive == 60
+            with pytest.raises(openai.BadRequestError, match="options"):
+                await c.chat.completions.create(
+                    model="tiny",
+                    messages=[{"role": "user", "content": "hi"}],
+                    extra_body={"options": ["not", "an", "object"]},
+                )
+    assert engines.requests[0].options["top_k"] == 3
+
+
 async def test_tool_calls(api_server, tiny_gguf) -> None:
     model, engines = tiny_gguf(chat_template=TOOLS_TEMPLATE), scripted_engines()
     with trio.fail_after(20):
@@ -594,9 +619,13 @@ async def test_tool_calls(api_server, tiny_gguf) -> None:
         ({"seed": 3, "frequency_penalty": 1, "presence_penalty": 2},
          {"temperature": 1.0, "top_p": 1.0, "seed": 3, "frequency_penalty": 1,
           "presence_penalty": 2}),
+        ({"options": {"num_ctx": 8192, "temperature": 0.2, "top_k": 5}},
+         {"temperature": 0.2, "top_p": 1.0, "num_ctx": 8192, "top_k": 5}),
+        ({"temperature": 0.7, "options": {"temperature": 0.2}},
+         {"temperature": 0.7, "top_p": 1.0}),
     ],
     ids=["defaults", "given", "null-is-default", "max_tokens", "max_completion_tokens-wins",
-         "stop-string", "seed-and-penalties"],
+         "stop-string", "seed-and-penalties", "ollama-options", "openai-field-wins"],
 )  # fmt: skip
 def test_sampling_options(body: dict[str, Any], options: dict[str, Any]) -> None:
     assert wire.sampling_options(body) == options

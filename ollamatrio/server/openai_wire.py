@@ -72,6 +72,7 @@ def chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
         "messages": native_messages(messages),
         "options": sampling_options(body),
         "stream": get_bool(body, "stream", False),
+        **ollama_extras(body),
     }
     fmt = response_format(body.get("response_format"))
     if fmt is not None:
@@ -99,11 +100,18 @@ def completion_body(body: Mapping[str, Any]) -> dict[str, Any]:
         "prompt": prompt,
         "options": sampling_options(body),
         "stream": get_bool(body, "stream", False),
+        **ollama_extras(body),
     }
     suffix = get_str(body, "suffix")
     if suffix:
         native["suffix"] = suffix
     return native
+
+
+def ollama_extras(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Ollama fields a ``/v1`` body may carry as extra fields: ``keep_alive`` (checked by
+    the native parser, as on ``/api/chat``)."""
+    return {"keep_alive": body["keep_alive"]} if "keep_alive" in body else {}
 
 
 def include_usage(body: Mapping[str, Any]) -> bool:
@@ -124,8 +132,13 @@ def _check_n(body: Mapping[str, Any]) -> None:
 def sampling_options(body: Mapping[str, Any]) -> dict[str, Any]:
     """Native options from OpenAI's sampling fields, checked as the options they become
     (errors name the OpenAI field).  Unlike the native API, temperature and top_p default
-    to 1.0 (OpenAI's defaults) and so override model parameters."""
-    options: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}
+    to 1.0 (OpenAI's defaults) and so override model parameters.  Ollama ``options`` sent
+    as an extra body field (the SDKs' ``extra_body``) apply too; an OpenAI field that is
+    also given wins over them."""
+    extra = body.get("options")
+    if extra is not None and not isinstance(extra, dict):
+        raise InvalidRequestError("invalid value for 'options': expected an object")
+    options: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, **(extra or {})}
     for key in _SAMPLING_FIELDS:
         if body.get(key) is not None:
             options[key] = check_option(key, body[key], key)
