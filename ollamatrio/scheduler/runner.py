@@ -82,6 +82,7 @@ class Runner:
         self.waiters = 0  # requests waiting for this load to finish
         self.slot_waiters = 0
         self.evicting = False
+        self.evicted_at = math.inf
         self.idle_deadline = math.inf
         # Predicted until loaded, then what the runner measured.
         self.memory = MemoryUsage(total=placement.total, vram_by_gpu=dict(placement.vram_by_gpu))
@@ -139,7 +140,10 @@ class Runner:
         self._notify()
 
     def evict(self) -> None:
-        """Unload as soon as idle; the runner stays usable until then (B30)."""
+        """Unload as soon as the requests using it (or waiting for its load) are done.
+        Later requests may still use it (B30), but only for a while: see ``reusable``."""
+        if not self.evicting:
+            self.evicted_at = trio.current_time()
         self.evicting = True
         self.keep_alive = 0.0
         self.idle_deadline = trio.current_time()
@@ -159,28 +163,40 @@ class Runner:
     async def serve_until_expired(self) -> None:
         """Return when the runner should unload: idle past its keep-alive, or evicted."""
         # Requests that waited for the load count as users until they have pinned it.
+        # The state is read afresh after every change, never remembered across a wait: a
+        # lease can come and go (moving idle_deadline) before this task next runs.
         while True:
-            await self.wait_until(lambda: self.refs == 0 and self.waiters == 0)
-            if self.evicting or self.keep_alive <= 0:
+            idle = self.refs == 0 and self.waiters == 0
+            expired = self.keep_alive <= 0 or trio.current_time() >= self.idle_deadline
+            if idle and (self.evicting or expired):
                 return
-            with trio.move_on_at(self.idle_deadline):
-                await self.wait_until(lambda: self.refs > 0 or self.waiters > 0 or self.evicting)
-            if self.refs == 0 and self.waiters == 0:
-                return
+            changed = self._changed
+            with trio.move_on_at(self.idle_deadline if idle else math.inf):
+                await changed.wait()
 
     # -- introspection ------------------------------------------------------------------
 
     @property
     def reusable(self) -> bool:
-        return self.state is RunnerState.READY or self.state is RunnerState.LOADING
+        """Can take new requests.  An evicted runner (B30) takes them for as long as it took
+        to load, about what loading it again would cost them; after that it only finishes
+        the requests it has, so a busy victim always drains and the request waiting for
+        its room is served, however many newcomers would have kept it busy."""
+        if self.state is RunnerState.LOADING:
+            return True  # those waiting for the load are served when it is ready
+        if self.state is not RunnerState.READY:
+            return False
+        return trio.current_time() < self.evicted_at + (self.loaded_at - self.load_started)
 
     def expires_at(self) -> float | None:
-        """Wall-clock expiry.  While busy, the earliest it could expire (now + keep_alive),
-        so a long request never shows a time in the past (Ollama's stale value, B66)."""
-        if math.isinf(self.keep_alive) and not self.evicting:
-            return None
+        """Wall-clock expiry.  While busy or loading, the earliest it could expire
+        (now + keep_alive), so a long request never shows a time in the past (Ollama's
+        stale value, B66).  ``None`` means never."""
         now = trio.current_time()
-        deadline = self.idle_deadline if self.refs == 0 else now + self.keep_alive
+        idle = self.refs == 0 and self.waiters == 0 and self.state is not RunnerState.LOADING
+        deadline = self.idle_deadline if idle else now + self.keep_alive
+        if math.isinf(deadline):
+            return None
         return time.time() + max(0.0, deadline - now)
 
     def info(self) -> RunnerInfo:

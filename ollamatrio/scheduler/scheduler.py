@@ -410,7 +410,7 @@ class Scheduler:
                     pending.attach(runner)
                     continue
                 remaining.append(pending)
-                if runner.state is RunnerState.UNLOADING:
+                if runner.state is RunnerState.UNLOADING or runner.evicting:
                     continue  # the old one is on its way out; decide when it is gone
                 # Loaded with other options: it must go first (B25), in arrival order.
                 if not eviction_in_progress:
@@ -528,8 +528,9 @@ class Scheduler:
 
     @staticmethod
     def _eviction_order(runners: Iterable[Runner]) -> list[Runner]:
-        # B29 with idle runners strictly first: shortest keep-alive, then name.
-        return sorted(runners, key=lambda r: (r.refs > 0, r.keep_alive, r.key))
+        # B29 with idle runners strictly first: shortest keep-alive, then name.  A runner
+        # still loading for the requests that wait for it is not idle.
+        return sorted(runners, key=lambda r: (r.refs > 0 or r.waiters > 0, r.keep_alive, r.key))
 
     def _room(
         self, inventory: Inventory, gone: set[Runner], reserved: Iterable[Placement]
