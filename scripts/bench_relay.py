@@ -50,6 +50,7 @@ class Round:
     tokens: int
     wall: float
     server_cpu: float = 0.0
+    server_sys: float = 0.0  # the kernel's share of server_cpu (socket system calls)
 
 
 def free_port() -> int:
@@ -140,6 +141,8 @@ async def main(args: argparse.Namespace) -> None:
             OLLAMA_KEEP_ALIVE="-1",
             OLLAMA_MAX_QUEUE="4096",
         )
+        if args.server_path:  # serve another checkout's code (A/B against an older version)
+            env["PYTHONPATH"] = str(Path(args.server_path).resolve())
         server = await trio.lowlevel.open_process(
             [sys.executable, "-m", "ollamatrio", "serve"],
             env=env,
@@ -215,7 +218,8 @@ async def measure(
                 before = server.cpu_times()
                 r = await run_round(streams, via_api)
                 after = server.cpu_times()
-                r.server_cpu = (after.user - before.user) + (after.system - before.system)
+                r.server_sys = after.system - before.system
+                r.server_cpu = (after.user - before.user) + r.server_sys
                 api_rounds.append(r)
                 direct_rounds.append(await run_round(streams, via_direct))
             rows.append((streams, api_rounds, direct_rounds))
@@ -228,19 +232,22 @@ async def measure(
         f"llama.cpp threads {args.threads}, one keep-alive client per stream"
     )
     print(
-        "| streams | server CPU µs/token | TTFT p50 ms API / direct | TTFT p99 ms API / direct "
-        "| tokens/s API / direct (ratio) |"
+        "| streams | server CPU µs/token (kernel) | TTFT p50 ms API / direct "
+        "| TTFT p99 ms API / direct | tokens/s API / direct (ratio) |"
     )
     print("|---|---|---|---|---|")
     for streams, api_rounds, direct_rounds in rows:
-        cpu = sum(r.server_cpu for r in api_rounds) / sum(r.tokens for r in api_rounds)
+        relayed = sum(r.tokens for r in api_rounds)
+        cpu = sum(r.server_cpu for r in api_rounds) / relayed
+        kernel = sum(r.server_sys for r in api_rounds) / relayed
         api_ttft = [t for r in api_rounds for t in r.ttfts]
         direct_ttft = [t for r in direct_rounds for t in r.ttfts]
         api_tps = statistics.median(r.tokens / r.wall for r in api_rounds)
         direct_tps = statistics.median(r.tokens / r.wall for r in direct_rounds)
         ttft50 = statistics.median(api_ttft) * 1e3, statistics.median(direct_ttft) * 1e3
         print(
-            f"| {streams} | {cpu * 1e6:.1f} | {ttft50[0]:.2f} / {ttft50[1]:.2f} "
+            f"| {streams} | {cpu * 1e6:.1f} ({kernel * 1e6:.1f}) "
+            f"| {ttft50[0]:.2f} / {ttft50[1]:.2f} "
             f"| {pct(api_ttft, 0.99) * 1e3:.2f} / {pct(direct_ttft, 0.99) * 1e3:.2f} "
             f"| {api_tps:.0f} / {direct_tps:.0f} ({api_tps / direct_tps:.3f}) |"
         )
@@ -254,4 +261,5 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cpu", action="store_true", help="keep the direct runner off GPUs")
     parser.add_argument("--profile", help="record the server with py-spy (raw) into this file")
+    parser.add_argument("--server-path", help="serve the ollamatrio package found in this checkout")
     trio.run(main, parser.parse_args())
