@@ -142,7 +142,7 @@ async def main(args: argparse.Namespace) -> None:
             OLLAMA_MAX_QUEUE="4096",
         )
         if args.server_path:  # serve another checkout's code (A/B against an older version)
-            env["PYTHONPATH"] = str(Path(args.server_path).resolve())
+            env["PYTHONPATH"] = args.server_path  # an absolute path
         server = await trio.lowlevel.open_process(
             [sys.executable, "-m", "ollamatrio", "serve"],
             env=env,
@@ -261,5 +261,7 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cpu", action="store_true", help="keep the direct runner off GPUs")
     parser.add_argument("--profile", help="record the server with py-spy (raw) into this file")
-    parser.add_argument("--server-path", help="serve the ollamatrio package found in this checkout")
+    parser.add_argument(
+        "--server-path", type=os.path.abspath, help="serve the ollamatrio package of this checkout"
+    )
     trio.run(main, parser.parse_args())
