@@ -102,15 +102,15 @@ class GenerationRoutes:
         if isinstance(prepared, Response):
             assert native, "only an unload request answers at once; /v1 cannot send one"
             return Plan(response=prepared)
-        model_request, model, _ = prepared
+        model_request, model, info = prepared
         empty = not req.messages if isinstance(req, ChatRequest) else not (req.prompt or req.images)
         if native and empty:
             await self.ctx.scheduler.load(model_request)
             return Plan(response=json_response(self._native._done(req, "load")))
         if isinstance(req, ChatRequest):
-            completion = chat_completion(req, model, model_request.options)
+            completion = chat_completion(req, model, info, model_request.options)
         else:
-            completion = generate_completion(req, model, model_request.options)
+            completion = generate_completion(req, model, info, model_request.options)
         generation = open_generation(self.ctx.scheduler, model_request, completion, started)
         if req.stream:
             return Plan(generation=generation, encoder=encoder)

@@ -12,7 +12,8 @@ import trio
 
 from ..config import Settings
 from ..errors import CapabilityError, InvalidRequestError, ModelNotFoundError
-from ..gguf import ArraySummary, GGUFInfo, read_gguf
+from ..gguf import ArraySummary, GGUFInfo
+from ..model_info import read_model_info
 from ..modelfile import Message, Modelfile, render_modelfile, render_parameters
 from ..scheduler import ModelRequest, Scheduler
 from ..store import Model, ModelStore, parse_name
@@ -36,7 +37,6 @@ class ApiContext:
     scheduler: Scheduler
     store: ModelStore
     settings: Settings
-    _gguf: dict[str, GGUFInfo] = field(default_factory=dict)
     # Resolved models by the name asked for, and the model list, each with the trio time
     # they were read and the store generation they were read at.
     _models: dict[str, tuple[float, int, Model]] = field(default_factory=dict)
@@ -77,15 +77,13 @@ class ApiContext:
         return models
 
     async def gguf(self, path: str) -> GGUFInfo:
-        """Header of a model file; blobs are content-addressed, so the cache never goes stale."""
-        info = self._gguf.get(path)
-        if info is None:
-            try:
-                info = await trio.to_thread.run_sync(read_gguf, path, abandon_on_cancel=True)
-            except FileNotFoundError:
-                raise ModelNotFoundError(f"model file {path} not found") from None
-            self._gguf[path] = info
-        return info
+        """Header of a model file, from the process-wide header cache the scheduler plans
+        from (:mod:`ollamatrio.model_info`): blobs are content-addressed, so it never goes
+        stale, and one read serves both."""
+        try:
+            return await read_model_info(path)
+        except FileNotFoundError:
+            raise ModelNotFoundError(f"model file {path} not found") from None
 
     async def capabilities(self, model: Model) -> list[str]:
         assert model.model_path is not None

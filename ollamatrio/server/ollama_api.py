@@ -20,12 +20,12 @@ from quart import Quart, Response, current_app, request
 from .._version import __version__
 from ..engines.protocol import CompletionRequest
 from ..errors import InvalidRequestError, ModelNotFoundError, OllamatrioError, QueueFullError
-from ..model_info import cached, read_model_info
+from ..gguf import GGUFInfo
 from ..scheduler import ModelRequest
 from ..store import Model, parse_digest
 from ..store.registry import start_pull
 from .gotemplate import is_go_template, parse, render_prompt
-from .models import ApiContext, require, show
+from .models import ApiContext, capabilities, require, show
 from .requests import (
     ChatRequest,
     EmbeddingsRequest,
@@ -133,8 +133,9 @@ class OllamaApi:
 
     async def prepare(
         self, req: GenerateRequest | ChatRequest, label: str
-    ) -> tuple[ModelRequest, Model, list[str]] | Response:
-        """Resolve and check the model; answer unload requests at once (B23)."""
+    ) -> tuple[ModelRequest, Model, GGUFInfo] | Response:
+        """Resolve and check the model; answer unload requests at once (B23).  Returns the
+        scheduler's request, the stored model and its GGUF header."""
         empty = not req.prompt if isinstance(req, GenerateRequest) else not req.messages
         if not (empty and req.keep_alive == 0):
             refuse_when_queue_full(self.ctx)
@@ -143,10 +144,9 @@ class OllamaApi:
             assert model.model_path is not None
             self.ctx.scheduler.unload(str(model.model_path))
             return json_response(self._done(req, "unload"))
-        caps = await self.ctx.capabilities(model)
-        if is_go_template(model.template):
-            # The request builders read the cache to see if the GGUF has a chat template.
-            await read_model_info(str(model.model_path))
+        assert model.model_path is not None
+        info = await self.ctx.gguf(str(model.model_path))
+        caps = capabilities(model, info)
         require(req.model, caps, "completion", label)
         if _images_present(req):
             require(req.model, caps, "vision", "vision: it has no projector (mmproj)")
@@ -155,7 +155,7 @@ class OllamaApi:
         if isinstance(req, ChatRequest) and req.tools:
             require(req.model, caps, "tools")
         options = merge_options(model.params, req.options)
-        return self.ctx.model_request(model, options, req.keep_alive, caps), model, caps
+        return self.ctx.model_request(model, options, req.keep_alive, caps), model, info
 
     @staticmethod
     def _done(req: GenerateRequest | ChatRequest, reason: str) -> dict[str, Any]:
@@ -378,25 +378,24 @@ async def _discard(body: AsyncIterator[bytes]) -> None:
         pass
 
 
-def go_template(model: Model, requested: str = "") -> str | None:
+def go_template(model: Model, info: GGUFInfo, requested: str = "") -> str | None:
     """The Go template to render the prompt with here, as Ollama does, or None to let
     llama.cpp apply the GGUF's Jinja template: the request's own ``template``, or a Go
-    template layer on a GGUF that has no chat template of its own."""
+    template layer on a GGUF (``info``) that has no chat template of its own."""
     if requested:
         return requested
     if not is_go_template(model.template):
         return None
-    info = cached(str(model.model_path))  # read by ``prepare``
-    return model.template if info is not None and not info.chat_template else None
+    return model.template if not info.chat_template else None
 
 
 def generate_completion(
-    req: GenerateRequest, model: Model, options: Mapping[str, Any]
+    req: GenerateRequest, model: Model, info: GGUFInfo, options: Mapping[str, Any]
 ) -> CompletionRequest:
     """What /api/generate (and /v1/completions) asks of the engine: a raw prompt, a
     prompt rendered with a Go template, or the prompt as chat messages so that the
     model's own template applies."""
-    template = None if req.raw or req.images else go_template(model, req.template)
+    template = None if req.raw or req.images else go_template(model, info, req.template)
     if template is not None and (not req.suffix or "suffix" in parse(template).vars):
         messages = () if req.suffix else _generate_messages(req, model)
         prompt = render_prompt(
@@ -425,7 +424,7 @@ def _generate_messages(req: GenerateRequest, model: Model) -> list[dict[str, Any
 
 
 def chat_completion(
-    req: ChatRequest, model: Model, options: Mapping[str, Any]
+    req: ChatRequest, model: Model, info: GGUFInfo, options: Mapping[str, Any]
 ) -> CompletionRequest:
     """What /api/chat (and /v1/chat/completions) asks of the engine.  Tool calling and
     images stay on llama.cpp's messages path."""
@@ -434,7 +433,7 @@ def chat_completion(
         messages.append({"role": "system", "content": model.system})
     messages.extend(dict(m) for m in model.messages)
     messages.extend(req.messages)
-    template = None if req.tools or req.images else go_template(model)
+    template = None if req.tools or req.images else go_template(model, info)
     if template is not None:
         prompt = render_prompt(template, messages, think=req.think)
         return with_common(CompletionRequest(prompt=prompt), req, options)
