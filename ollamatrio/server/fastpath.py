@@ -163,6 +163,7 @@ class _Exchange:
         self.host = headers.get("host", b"").decode("latin-1")
         self.cors_headers: list[tuple[str, str]] = []
         self.encoder: Encoder | None = None
+        self.arrived = trio.current_time()
 
     # -- sending ------------------------------------------------------------------------
 
@@ -173,10 +174,6 @@ class _Exchange:
         headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
         headers += [(k.encode(), v.encode()) for k, v in self.cors_headers]
         self.status = status
-        log.info(
-            "%s %s %d", self.scope["method"], self.scope["path"], status,
-            extra={"client": (self.scope.get("client") or ("",))[0]},
-        )  # fmt: skip
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, data: bytes, *, more: bool = True) -> None:
@@ -214,6 +211,19 @@ class _Exchange:
         scope.cancel()
 
     async def run(self, route: Callable[[dict[str, Any], float], Awaitable[Plan]]) -> None:
+        try:
+            await self.exchange(route)
+        finally:
+            # The access line, once the answer is complete (as Ollama's, with the duration),
+            # so it costs nothing before the first token.
+            if self.status is not None:
+                log.info(
+                    "%s %s %d %.3fs", self.scope["method"], self.scope["path"], self.status,
+                    trio.current_time() - self.arrived,
+                    extra={"client": (self.scope.get("client") or ("",))[0]},
+                )  # fmt: skip
+
+    async def exchange(self, route: Callable[[dict[str, Any], float], Awaitable[Plan]]) -> None:
         cors = cors_answer(self.origin, self.host, "POST", self.routes._origins)
         self.cors_headers = cors.headers
         if cors.status is not None:
