@@ -409,6 +409,60 @@ async def test_busy_runner_is_not_evicted_until_idle(autojump_clock, models):
         assert loaded(sched) == ["b"]
 
 
+async def test_eviction_with_equal_keep_alive_takes_the_least_recently_used(autojump_clock, models):
+    async with scheduler(max_loaded_models=3) as (sched, _, _):
+        for name in "abc":
+            await use(sched, req(models, name))
+        await use(sched, req(models, "a"), seconds=5)
+        await use(sched, req(models, "d"))
+        # b has been idle the longest; a (first by file name) was used a moment ago.
+        assert loaded(sched) == ["a", "c", "d"]
+
+
+async def test_eviction_takes_the_model_that_would_expire_soonest(autojump_clock, models):
+    async with scheduler(max_loaded_models=3) as (sched, _, _):
+        await sched.load(req(models, "a", keep_alive=600))  # idle from 1 s: expires at 601
+        await sched.load(req(models, "b", keep_alive=900))  # from 2 s: at 902
+        await trio.sleep_until(500)
+        await sched.load(req(models, "c", keep_alive=300))  # from 501 s: at 801
+        await sched.load(req(models, "d"))  # 5 m by default, from 502 s: at 802
+        # a's keep-alive is twice c's, but a has 99 s left and c 299 s.
+        assert loaded(sched) == ["b", "c", "d"]
+        # c goes before d (one second apart) and b, although both were used less recently.
+        await sched.load(req(models, "e"))
+        assert loaded(sched) == ["b", "d", "e"]
+
+
+async def test_eviction_never_takes_a_busy_model_while_one_is_idle(autojump_clock, models):
+    async with scheduler(max_loaded_models=3) as (sched, _, _):
+        async with trio.open_nursery() as nursery:
+            # Busy for good, with the shortest keep-alive and the oldest use of all.
+            nursery.start_soon(use, sched, req(models, "a", keep_alive=10), 10_000)
+            await trio.sleep(2)
+            await sched.load(req(models, "b", keep_alive=600))  # idle from 3 s: at 603
+            await trio.sleep_until(500)
+            await sched.load(req(models, "c", keep_alive=300))  # idle from 501 s: at 801
+            await sched.load(req(models, "d"))
+            assert loaded(sched) == ["a", "c", "d"]  # b: idle and soonest to expire
+            nursery.cancel_scope.cancel()
+
+
+async def test_eviction_ties_broken_by_last_use_not_by_path(autojump_clock, models):
+    async with scheduler(max_loaded_models=2) as (sched, _, _):
+        await sched.load(req(models, "b", keep_alive=250))
+        await sched.load(req(models, "a", keep_alive=200))
+        await trio.sleep_until(100)
+        await sched.load(req(models, "b"))  # expires at 350
+        await trio.sleep_until(150)
+        await sched.load(req(models, "a"))  # expires at 350 too, but was used later
+        a, b = (sched.runner(str(models[name])) for name in "ab")
+        assert a is not None
+        assert b is not None
+        assert a.expiry() == b.expiry()
+        await sched.load(req(models, "c"))
+        assert loaded(sched) == ["a", "c"]
+
+
 async def test_eviction_frees_only_as_much_gpu_memory_as_needed(autojump_clock, models):
     size = predicted_total(models["a"])
     gpu = {"id": "sim0", "total": int(size * 3.5)}  # room for three

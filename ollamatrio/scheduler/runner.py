@@ -92,6 +92,9 @@ class Runner:
         self.slots = trio.Semaphore(load.num_parallel)
         self.load_started = trio.current_time()
         self.loaded_at = -math.inf
+        # When the last lease was released (or the load finished, if none was yet): with
+        # keep_alive, what the eviction order ranks idle runners by.
+        self.last_used = self.load_started
         self._changed = trio.Event()
 
     # -- transitions (synchronous) -------------------------------------------------------
@@ -118,6 +121,7 @@ class Runner:
     def unpin(self) -> None:
         self.refs -= 1
         assert self.refs >= 0, "lease released twice"
+        self.last_used = trio.current_time()
         if self.refs == 0:
             self.idle_deadline = trio.current_time() + self.keep_alive
         self._notify()
@@ -127,6 +131,7 @@ class Runner:
         self.memory = engine.memory
         self.context_length = engine.context_length
         self.state = RunnerState.READY
+        self.last_used = trio.current_time()
         if self.refs == 0:
             self.idle_deadline = trio.current_time() + self.keep_alive
         self.loaded.set()
@@ -188,13 +193,21 @@ class Runner:
             return False
         return trio.current_time() < self.evicted_at + (self.loaded_at - self.load_started)
 
-    def expires_at(self) -> float | None:
-        """Wall-clock expiry.  While busy or loading, the earliest it could expire
-        (now + keep_alive), so a long request never shows a time in the past (Ollama's
-        stale value, B66).  ``None`` means never."""
+    def expiry(self) -> float:
+        """When (Trio time) it would expire if no other request came: its idle deadline
+        (last use + keep_alive) when idle; while busy or loading, the earliest it could
+        (now + keep_alive); now once it is unloading.  ``inf`` means never."""
         now = trio.current_time()
+        if self.state is RunnerState.UNLOADING:
+            return now
         idle = self.refs == 0 and self.waiters == 0 and self.state is not RunnerState.LOADING
-        deadline = self.idle_deadline if idle else now + self.keep_alive
+        return self.idle_deadline if idle else now + self.keep_alive
+
+    def expires_at(self) -> float | None:
+        """Wall-clock :meth:`expiry`, so a long request never shows a time in the past
+        (Ollama's stale value, B66).  ``None`` means never."""
+        now = trio.current_time()
+        deadline = self.expiry()
         if math.isinf(deadline):
             return None
         return time.time() + max(0.0, deadline - now)

@@ -478,7 +478,7 @@ class Scheduler:
         # and so does a slot promised to an earlier request that waits for an eviction.
         promised = 1 if reserved else 0
         if len(self._runners) + promised >= self._max_models:
-            # Evict one: idle first, shortest keep-alive first (B29).
+            # Evict one: idle first, soonest to expire first (see _eviction_order).
             if going or unloading or promised:
                 return _Evict((), None)
             victims = self._eviction_order(staying)
@@ -528,9 +528,14 @@ class Scheduler:
 
     @staticmethod
     def _eviction_order(runners: Iterable[Runner]) -> list[Runner]:
-        # B29 with idle runners strictly first: shortest keep-alive, then name.  A runner
-        # still loading for the requests that wait for it is not idle.
-        return sorted(runners, key=lambda r: (r.refs > 0 or r.waiters > 0, r.keep_alive, r.key))
+        """Idle runners strictly first (a runner still loading for the requests that wait
+        for it is not idle); within each group, the one that would expire soonest
+        (last use + keep_alive for idle runners, now + keep_alive for busy ones), then the
+        least recently used.  With equal keep_alive that is least recently used first.
+        Unlike B29 (shortest keep_alive, then file path), a model used a second ago is not
+        evicted before one idle for minutes.  A runner that must never be evicted belongs
+        out of this order (filtered here, before sorting), not ranked last in it."""
+        return sorted(runners, key=lambda r: (r.refs > 0 or r.waiters > 0, r.expiry(), r.last_used))
 
     def _room(
         self, inventory: Inventory, gone: set[Runner], reserved: Iterable[Placement]
