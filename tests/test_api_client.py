@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import ollama
 import pytest
 import trio
@@ -132,6 +133,34 @@ async def test_list_show_ps(api_server) -> None:
             assert loaded[0].expires_at is not None
             assert loaded[0].size > 0
             assert loaded[0].context_length == 2048
+
+
+async def test_ps_extra_fields_for_state_and_queue(api_server) -> None:
+    """/api/ps adds state, queued, active and slots to each model; the client ignores them."""
+    behaviour = SimulatedBehaviour(load_seconds=1.0, tokens_per_second=2000)
+    with trio.fail_after(20):
+        async with (
+            running(api_server, behaviour=behaviour, num_parallel=1) as (srv, c),
+            httpx.AsyncClient(base_url=srv.url) as raw,
+        ):
+            async with trio.open_nursery() as nursery:
+                for _ in range(2):
+                    nursery.start_soon(c.generate, "tiny", "x")
+                # Both requests wait for the one-second load.
+                while sum(i.queued for i in srv.scheduler.ps()) < 2:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+                (shown,) = (await raw.get("/api/ps")).json()["models"]
+                assert shown["name"] == "tiny:latest"
+                assert {k: shown[k] for k in ("state", "queued", "active", "slots")} == {
+                    "state": "loading", "queued": 2, "active": 0, "slots": 1,
+                }  # fmt: skip
+                (model,) = (await c.ps()).models
+                assert model.model == "tiny:latest"
+                assert model.expires_at is not None
+            (shown,) = (await raw.get("/api/ps")).json()["models"]
+            assert {k: shown[k] for k in ("state", "queued", "active", "slots")} == {
+                "state": "ready", "queued": 0, "active": 0, "slots": 1,
+            }  # fmt: skip
 
 
 async def test_copy_delete(api_server) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -206,7 +207,7 @@ async def test_unload_request_waits_for_busy_runner(autojump_clock, models):
             nursery.start_soon(use, sched, req(models, "a"), 20)
             await trio.sleep(5)
             assert sched.unload(str(models["a"]))
-            assert sched.ps()[0].state == "expiring"
+            assert sched.ps()[0].state == "unloading"  # when its request finishes
             await trio.sleep(10)
             assert loaded(sched) == ["a"]  # still serving
         await trio.sleep(0.001)
@@ -251,6 +252,30 @@ async def test_slot_waiters_of_a_loaded_model_count_against_the_queue(autojump_c
             with pytest.raises(QueueFullError):
                 await use(sched, req(models, "a"))
         assert sched.waiting == 0
+
+
+async def test_ps_counts_active_and_queued_requests_and_slots(autojump_clock, models):
+    async with scheduler(num_parallel=1, max_loaded_models=1) as (sched, _, _):
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(use, sched, req(models, "a"), 10)
+            await trio.sleep(0.5)  # the load takes 1 s: both wait for it
+            (info,) = sched.ps()
+            assert (info.state, info.active, info.queued, info.num_parallel) == (
+                "loading", 0, 2, 1,
+            )  # fmt: skip
+            await trio.sleep(1)  # loaded: one holds the only slot, the other waits for it
+            (info,) = sched.ps()
+            assert (info.state, info.refs, info.active, info.queued) == ("ready", 2, 1, 1)
+            # A larger context needs a reload: the request waits in the pending list, under
+            # its model, while the old runner finishes its two requests.
+            nursery.start_soon(use, sched, req(models, "a", options={"num_ctx": 8192}))
+            await trio.sleep(0.5)
+            (info,) = sched.ps()
+            assert (info.state, info.active, info.queued) == ("unloading", 1, 2)
+            assert sched.queue_depth() == {"a": 2}
+        (info,) = sched.ps()
+        assert (info.state, info.context_length, info.active, info.queued) == ("ready", 8192, 0, 0)
 
 
 async def test_parallel_slots_serve_concurrently(autojump_clock, models):
@@ -731,6 +756,23 @@ async def test_gpu_runner_waits_for_vram_recovery(autojump_clock, models, lag, e
         start = trio.current_time()
         await sched.wait_idle()
         assert trio.current_time() - start == pytest.approx(expected, abs=0.01)
+
+
+async def test_ps_lists_an_unloading_runner_until_its_memory_is_free(autojump_clock, models):
+    spec = json.dumps({"gpus": [{"id": "sim0", "total": "512GiB"}], "system": {"total": "64GiB"}})
+    devices = LaggingDevices(spec, 60.0)
+    engines = SimulatedEngineFactory(devices, default=SimulatedBehaviour(load_seconds=0))
+    async with open_scheduler(
+        replace(Settings(), keep_alive=0.0), engines=engines, devices=devices
+    ) as sched:
+        await use(sched, req(models, "a"))
+        await trio.sleep(1)  # the driver has not shown the memory free yet
+        (info,) = sched.ps()
+        assert (info.state, info.active, info.queued) == ("unloading", 0, 0)
+        assert info.size_vram > 0
+        assert info.expires_at == pytest.approx(time.time(), abs=1)  # "Stopping..."
+        await sched.wait_idle()
+        assert sched.ps() == []
 
 
 async def test_cpu_runner_skips_vram_recovery(autojump_clock, models):

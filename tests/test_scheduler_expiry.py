@@ -219,7 +219,7 @@ async def test_ps_while_loading_shows_a_finite_expiry(autojump_clock, models):
                         assert info.expires_at is not None
                         assert math.isfinite(info.expires_at)
                     rfc3339_from_timestamp(info.expires_at)  # what /api/ps writes
-        assert {("a", "expiring"), ("b", "loading")} <= seen
+        assert {("a", "unloading"), ("b", "loading")} <= seen
 
 
 async def test_api_ps_answers_while_a_model_loads(api_server) -> None:

@@ -36,15 +36,19 @@ class RunnerInfo:
     model_path: str
     digest: str
     details: Mapping[str, Any]
-    state: str  # loading | ready | expiring | unloading
+    # loading | ready | unloading.  "unloading" covers a runner on its way out: evicted or
+    # asked to unload (it finishes the requests it has first), idle with keep_alive 0, or
+    # its process stopping and its memory being freed.
+    state: str
     size: int
     size_vram: int
     vram_by_gpu: Mapping[str, int]
     offloaded_fully: bool  # every layer on GPUs
     context_length: int
-    num_parallel: int
-    refs: int
-    queued: int
+    num_parallel: int  # slots
+    refs: int  # leases held, including those still waiting for a slot
+    active: int  # leases being served: holding a slot (at most num_parallel)
+    queued: int  # waiting for its load, for a slot, or in the pending list for its model
     keep_alive: float
     expires_at: float | None  # wall-clock seconds; None = never
     pid: int | None
@@ -212,13 +216,17 @@ class Runner:
             return None
         return time.time() + max(0.0, deadline - now)
 
-    def info(self) -> RunnerInfo:
+    def info(self, pending: int = 0) -> RunnerInfo:
+        """A snapshot; ``pending`` counts the scheduler's pending requests for this model
+        that no runner has taken yet (for example while this one makes way for a reload)."""
         if self.state is RunnerState.LOADING:
             state = "loading"
-        elif self.state is RunnerState.UNLOADING:
+        elif (
+            self.state is RunnerState.UNLOADING
+            or self.evicting
+            or (self.refs == 0 and self.keep_alive <= 0)
+        ):
             state = "unloading"
-        elif self.evicting or (self.refs == 0 and self.keep_alive <= 0):
-            state = "expiring"
         else:
             state = "ready"
         return RunnerInfo(
@@ -235,7 +243,9 @@ class Runner:
             context_length=self.context_length,
             num_parallel=self.load.num_parallel,
             refs=self.refs,
-            queued=self.waiters + self.slot_waiters,
+            # A lease waiting for a slot already holds a reference: count it once, as queued.
+            active=self.refs - self.slot_waiters,
+            queued=self.waiters + self.slot_waiters + pending,
             keep_alive=self.keep_alive,
             expires_at=self.expires_at(),
             pid=self.engine.pid if self.engine is not None else None,

@@ -197,10 +197,16 @@ class Scheduler:
             self.unload(key)
 
     def ps(self) -> list[RunnerInfo]:
-        """Loaded and loading runners, latest expiry first (B65)."""
-        infos = [r.info() for r in self._runners.values() if r.state is not RunnerState.UNLOADING]
-        return sorted(infos, key=lambda i: math.inf if i.expires_at is None else i.expires_at,
-                      reverse=True)
+        """Every runner, latest expiry first (B65): loading, ready and unloading (until its
+        process has exited and its memory is free again).  A runner's ``queued`` includes
+        the pending requests for its model file that it has not taken yet."""
+        pending: dict[str, int] = {}
+        for p in self._pending:
+            pending[p.request.key] = pending.get(p.request.key, 0) + 1
+        infos = [r.info(pending.get(key, 0)) for key, r in self._runners.items()]
+        return sorted(
+            infos, key=lambda i: math.inf if i.expires_at is None else i.expires_at, reverse=True
+        )
 
     def runner(self, model_path: str) -> Runner | None:
         """The resident (or loading) runner for a model file, if any."""

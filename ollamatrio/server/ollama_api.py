@@ -257,6 +257,11 @@ class OllamaApi:
                         "expires_at": rfc3339_from_timestamp(info.expires_at),
                         "size_vram": info.size_vram,
                         "context_length": info.context_length,
+                        # Ours, not Ollama's (its clients ignore them): docs/scheduling.md.
+                        "state": info.state,
+                        "queued": info.queued,
+                        "active": info.active,
+                        "slots": info.num_parallel,
                     }
                     for info in self.ctx.scheduler.ps()
                 ]
