@@ -211,3 +211,53 @@ async def test_a_frozen_runner_fails_its_request_and_is_replaced(api_server, whe
             )  # fmt: skip
             assert r.status_code == 200, r.text
             assert runner_of(srv, "tiny:latest").pid not in (None, frozen)
+
+
+async def test_logprobs_through_the_official_client_and_the_sdk(api_server) -> None:
+    """Ollama's shapes (native) and OpenAI's (/v1), from llama.cpp's own probabilities.
+    (A random-weights model often ends a token inside a UTF-8 sequence; llama.cpp then
+    reports one probability for the text it completes, so there can be fewer entries than
+    tokens.)"""
+    import openai
+
+    greedy = {"num_predict": 4, "temperature": 0, "ignore_eos": True}
+    with trio.fail_after(120):
+        async with (
+            api_server(engines=ProcessEngineFactory(load_timeout=60)) as srv,
+            ollama.AsyncClient(host=srv.url) as c,
+            openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="x") as sdk,
+        ):
+            resp = await c.generate(
+                "tiny", "hello", raw=True, options=greedy, logprobs=True, top_logprobs=2
+            )
+            assert 1 <= len(resp.logprobs) <= resp.eval_count == 4
+            for p in resp.logprobs:
+                assert p.logprob <= 0
+                assert len(p.top_logprobs) == 2
+                # greedy: the chosen token is the most likely one
+                assert p.logprob >= max(t.logprob for t in p.top_logprobs) - 1e-6
+
+            parts = [
+                p async for p in await c.chat(
+                    "tiny", messages=[{"role": "user", "content": "hi"}], stream=True,
+                    options=greedy, logprobs=True,
+                )
+            ]  # fmt: skip
+            streamed = [lp for p in parts for lp in (p.logprobs or ())]
+            assert 1 <= len(streamed) <= 4
+            assert all(not lp.top_logprobs for lp in streamed)  # none asked for
+
+            chat = await sdk.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                temperature=0, logprobs=True, top_logprobs=1,
+                extra_body={"options": {"ignore_eos": True}},
+            )  # fmt: skip
+            content = chat.choices[0].logprobs.content
+            assert 1 <= len(content) <= 3
+            assert all(len(t.top_logprobs) == 1 for t in content)
+
+            text = await sdk.completions.create(
+                model="tiny", prompt="hello", max_tokens=3, temperature=0, logprobs=2,
+                extra_body={"options": {"ignore_eos": True}},
+            )  # fmt: skip
+            assert text.choices[0].logprobs is not None

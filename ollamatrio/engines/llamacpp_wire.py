@@ -83,6 +83,9 @@ def completion_request(req: CompletionRequest, context_length: int) -> tuple[str
         body.update(input_prefix=req.prompt, input_suffix=req.suffix, prompt="")
         return "/infill", body
     body["prompt"] = req.prompt
+    if req.logprobs:
+        # n_probs also yields the chosen token's own log-probability: at least 1.
+        body["n_probs"] = max(1, req.top_logprobs)
     return "/completion", body
 
 
@@ -97,6 +100,9 @@ def chat_request(
     body["messages"] = [chat_message(m, i) for i, m in enumerate(req.messages)]
     if req.tools:
         body["tools"] = [dict(tool) for tool in req.tools]
+    if req.logprobs:
+        body["logprobs"] = True
+        body["top_logprobs"] = max(1, req.top_logprobs)  # 0 would report no probability
     if req.format:
         schema = _format_schema(req.format)
         if req.format == "json":
@@ -198,21 +204,46 @@ def timing_counts(timings: Mapping[str, Any] | None) -> dict[str, int]:
     }
 
 
+def ollama_logprobs(
+    probabilities: Sequence[Mapping[str, Any]] | None, top: int
+) -> tuple[dict[str, Any], ...]:
+    """llama.cpp's per-token probabilities (``completion_probabilities``, or a chat delta's
+    ``logprobs.content``) in Ollama's shape: token, logprob, bytes, and ``top_logprobs`` only
+    when some were asked for."""
+    out = []
+    for p in probabilities or ():
+        item: dict[str, Any] = {"token": p.get("token", ""), "logprob": p.get("logprob", 0.0)}
+        if p.get("bytes") is not None:
+            item["bytes"] = p["bytes"]
+        if top > 0:
+            item["top_logprobs"] = [
+                {"token": t.get("token", ""), "logprob": t.get("logprob", 0.0),
+                 **({"bytes": t["bytes"]} if t.get("bytes") is not None else {})}
+                for t in (p.get("top_logprobs") or ())[:top]
+            ]  # fmt: skip
+        out.append(item)
+    return tuple(out)
+
+
 class CompletionStream:
     """Parses ``/completion`` and ``/infill`` stream events."""
 
-    def __init__(self) -> None:
+    def __init__(self, top_logprobs: int = 0) -> None:
         self.done = False
+        self._top = top_logprobs
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         raise_for_error(event)
         content = event.get("content") or ""
+        logprobs = ollama_logprobs(event.get("completion_probabilities"), self._top)
+        # A token that ends inside a UTF-8 sequence has no text yet, but has its logprob.
+        piece = [Chunk(content=content, logprobs=logprobs)] if content or logprobs else []
         if not event.get("stop"):
-            return [Chunk(content=content)] if content else []
+            return piece
         self.done = True
         reason = "length" if event.get("stop_type") == "limit" else "stop"
         final = Chunk(done=True, done_reason=reason, **timing_counts(event.get("timings")))
-        return [Chunk(content=content), final] if content else [final]
+        return [*piece, final]
 
     def finish(self) -> list[Chunk]:
         return []
@@ -230,6 +261,7 @@ class ChatStream:
     """Parses ``/v1/chat/completions`` stream events; tool calls are joined from deltas."""
 
     done: bool = False
+    top_logprobs: int = 0
     _finish_reason: str | None = None
     _timings: Mapping[str, Any] | None = None
     _calls: dict[int, _ToolCall] = field(default_factory=dict)
@@ -243,8 +275,10 @@ class ChatStream:
             delta = choice.get("delta") or {}
             content = delta.get("content") or ""
             thinking = delta.get("reasoning_content") or ""
-            if content or thinking:
-                chunks.append(Chunk(content=content, thinking=thinking))
+            probabilities = (choice.get("logprobs") or {}).get("content")
+            logprobs = ollama_logprobs(probabilities, self.top_logprobs)
+            if content or thinking or logprobs:
+                chunks.append(Chunk(content=content, thinking=thinking, logprobs=logprobs))
             for call in delta.get("tool_calls") or ():
                 self._add_tool_delta(call)
             if choice.get("finish_reason"):

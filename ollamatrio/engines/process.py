@@ -277,10 +277,10 @@ class RunnerClient:
         """Stream a generation: prompt -> ``/completion``, messages -> chat completions."""
         if request.messages is not None:
             path, body = chat_request(request, self.context_length, self._name)
-            parser: ChatStream | CompletionStream = ChatStream()
+            parser: ChatStream | CompletionStream = ChatStream(top_logprobs=request.top_logprobs)
         else:
             path, body = completion_request(request, self.context_length)
-            parser = CompletionStream()
+            parser = CompletionStream(request.top_logprobs)
         # Progress events during prompt processing keep bytes flowing while the runner
         # works, so the stall deadline only catches a runner that stopped.
         body["return_progress"] = True

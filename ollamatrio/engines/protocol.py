@@ -83,6 +83,8 @@ class Chunk:
     content: str = ""
     thinking: str = ""
     tool_calls: Sequence[Mapping[str, Any]] = ()
+    # Ollama's logprobs of the tokens in this piece: {token, logprob, bytes, top_logprobs?}
+    logprobs: Sequence[Mapping[str, Any]] = ()
     done: bool = False
     done_reason: str | None = None  # "stop" | "length"
     prompt_eval_count: int = 0

@@ -105,6 +105,11 @@ def completion_body(body: Mapping[str, Any]) -> dict[str, Any]:
     suffix = get_str(body, "suffix")
     if suffix:
         native["suffix"] = suffix
+    # The legacy field is a count: that many alternatives per token (Ollama's reading).
+    top = get_int(body, "logprobs", 0) or 0
+    if top > 0:
+        native["logprobs"] = True
+        native["top_logprobs"] = top
     return native
 
 
@@ -398,10 +403,20 @@ def chat_completion(model: str, result: Mapping[str, Any]) -> dict[str, Any]:
         "model": model,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [
-            {"index": 0, "message": message, "finish_reason": _finish_reason(result, bool(calls))}
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": _finish_reason(result, bool(calls)),
+                **_choice_logprobs(result),
+            }
         ],
         "usage": usage(result),
     }
+
+
+def _choice_logprobs(result: Mapping[str, Any]) -> dict[str, Any]:
+    """A choice's ``logprobs`` (``{"content": [...]}``), when the native result has some."""
+    return {"logprobs": {"content": result["logprobs"]}} if result.get("logprobs") else {}
 
 
 def text_completion(model: str, result: Mapping[str, Any]) -> dict[str, Any]:
@@ -418,6 +433,7 @@ def text_completion(model: str, result: Mapping[str, Any]) -> dict[str, Any]:
                 "index": 0,
                 "finish_reason": _finish_reason(result, False),
                 "logprobs": None,
+                **_choice_logprobs(result),
             }
         ],
         "usage": usage(result),

@@ -12,7 +12,7 @@ single object of ``"stream": false``.  Errors stay exceptions until an encoder w
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager, nullcontext
 from typing import Any, Protocol
 
@@ -119,6 +119,8 @@ class GenerateLines:
 
     def _line(self, created: bytes, chunk: Chunk, gen: Generation) -> bytes:
         obj = self._body(chunk)
+        if chunk.logprobs:
+            obj["logprobs"] = list(chunk.logprobs)
         obj["done"] = chunk.done
         if chunk.done:
             obj["done_reason"] = chunk.done_reason or "stop"
@@ -127,7 +129,7 @@ class GenerateLines:
 
     @staticmethod
     def _wanted(chunk: Chunk) -> bool:
-        return chunk.done or bool(chunk.content or chunk.thinking)
+        return chunk.done or bool(chunk.content or chunk.thinking or chunk.logprobs)
 
     def encode(self, batch: list[Chunk], gen: Generation) -> bytes:
         created = json_bytes(rfc3339())  # one timestamp per wake-up
@@ -153,7 +155,9 @@ class ChatLines(GenerateLines):
 
     @staticmethod
     def _wanted(chunk: Chunk) -> bool:
-        return chunk.done or bool(chunk.content or chunk.thinking or chunk.tool_calls)
+        return chunk.done or bool(
+            chunk.content or chunk.thinking or chunk.tool_calls or chunk.logprobs
+        )
 
 
 # -- OpenAI server-sent events -----------------------------------------------------------
@@ -223,7 +227,7 @@ class ChatEvents(_Events):
     def encode(self, batch: list[Chunk], gen: Generation) -> bytes:
         out = bytearray()
         for chunk in batch:
-            if chunk.content or chunk.thinking or chunk.tool_calls:
+            if chunk.content or chunk.thinking or chunk.tool_calls or chunk.logprobs:
                 delta: dict[str, Any] = {"role": "assistant", "content": chunk.content}
                 if chunk.thinking:
                     delta["reasoning"] = chunk.thinking
@@ -231,7 +235,10 @@ class ChatEvents(_Events):
                     calls = oai.openai_tool_calls(chunk.tool_calls, self._tool_calls, stream=True)
                     delta["tool_calls"] = calls
                     self._tool_calls += len(calls)
-                out += _sse(self.envelope([{"index": 0, "delta": delta, "finish_reason": None}]))
+                choice = {"index": 0, "delta": delta, "finish_reason": None}
+                if chunk.logprobs:
+                    choice["logprobs"] = {"content": list(chunk.logprobs)}
+                out += _sse(self.envelope([choice]))
             if chunk.done:
                 reason = "tool_calls" if self._tool_calls else chunk.done_reason or "stop"
                 empty = {"role": "assistant", "content": ""}
@@ -248,14 +255,19 @@ class CompletionEvents(_Events):
     prefix = "cmpl"
 
     @staticmethod
-    def _choice(text: str, finish_reason: str | None) -> dict[str, Any]:
-        return {"text": text, "index": 0, "finish_reason": finish_reason, "logprobs": None}
+    def _choice(
+        text: str, finish_reason: str | None, logprobs: Sequence[Mapping[str, Any]] = ()
+    ) -> dict[str, Any]:
+        return {
+            "text": text, "index": 0, "finish_reason": finish_reason,
+            "logprobs": {"content": list(logprobs)} if logprobs else None,
+        }  # fmt: skip
 
     def encode(self, batch: list[Chunk], gen: Generation) -> bytes:
         out = bytearray()
         for chunk in batch:
-            if chunk.content:
-                out += _sse(self.envelope([self._choice(chunk.content, None)]))
+            if chunk.content or chunk.logprobs:
+                out += _sse(self.envelope([self._choice(chunk.content, None, chunk.logprobs)]))
             if chunk.done:
                 out += self._closing(chunk, self._choice("", chunk.done_reason or "stop"))
         return bytes(out)
@@ -271,16 +283,22 @@ class Fold:
         self._content: list[str] = []
         self._thinking: list[str] = []
         self.tool_calls: list[Mapping[str, Any]] = []
+        self.logprobs: list[Mapping[str, Any]] = []
 
     def add(self, batch: list[Chunk]) -> None:
         for chunk in batch:
             self._content.append(chunk.content)
             self._thinking.append(chunk.thinking)
             self.tool_calls.extend(chunk.tool_calls)
+            self.logprobs.extend(chunk.logprobs)
 
     def _final(self, gen: Generation) -> dict[str, Any]:
         chunk = gen.final or Chunk(done=True, done_reason="stop")
-        return {"done": True, "done_reason": chunk.done_reason or "stop", **gen.timings(chunk)}
+        out: dict[str, Any] = {"done": True, "done_reason": chunk.done_reason or "stop"}
+        out.update(gen.timings(chunk))
+        if self.logprobs:
+            out["logprobs"] = [dict(p) for p in self.logprobs]
+        return out
 
     def generate(self, model: str, gen: Generation) -> dict[str, Any]:
         out: dict[str, Any] = {
