@@ -66,6 +66,37 @@ async def test_embeddings_from_a_runner(api_server) -> None:
                 assert math.isclose(math.fsum(x * x for x in vector), 1.0, rel_tol=1e-4)
 
 
+async def test_a_chat_model_embeds_in_a_runner_of_its_own(api_server) -> None:
+    """Embeddings from any model: the chat model gets a second runner, in embedding mode,
+    beside the one that generates; unloading the model unloads both."""
+    with trio.fail_after(120):
+        async with (
+            api_server(engines=ProcessEngineFactory(load_timeout=60)) as srv,
+            ollama.AsyncClient(host=srv.url) as c,
+        ):
+            await c.generate("tiny", "hello", raw=True, options={"num_predict": 2})
+            resp = await c.embed("tiny", ["one two", "three"])
+            assert len(resp.embeddings) == 2
+            for vector in resp.embeddings:
+                assert len(vector) == 64
+                assert math.isclose(math.fsum(x * x for x in vector), 1.0, rel_tol=1e-4)
+            (info, *_) = srv.scheduler.ps()
+            chat = srv.scheduler.runner(info.model_path, embedding=False)
+            embed = srv.scheduler.runner(info.model_path, embedding=True)
+            assert chat is not None
+            assert embed is not None
+            assert embed.spec.embedding
+            assert not chat.spec.embedding
+            assert len(srv.scheduler.ps()) == 2
+            # the chat runner still generates
+            again = await c.generate("tiny", "hi", raw=True, options={"num_predict": 2})
+            assert again.done
+            assert (await c.show("tiny")).capabilities == ["completion"]
+            await c.generate("tiny", "", keep_alive=0)  # ollama stop: every mode goes
+            with trio.fail_after(30):
+                await srv.scheduler.wait_idle()
+
+
 @pytest.mark.slow
 async def test_disconnect_frees_the_llama_cpp_slot(api_server, smollm2_path: Path) -> None:
     with trio.fail_after(240):

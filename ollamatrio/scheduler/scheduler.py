@@ -54,6 +54,7 @@ from .runner import Runner, RunnerInfo, RunnerState
 log = logging.getLogger(__name__)
 
 VRAM_RECOVERY_TIMEOUT = 5.0  # B55
+EMBEDDING_KEY_SUFFIX = "#embedding"
 VRAM_RECOVERY_POLL = 0.25
 VRAM_RECOVERY_FRACTION = 0.75
 
@@ -75,7 +76,9 @@ class ModelRequest:
 
     @property
     def key(self) -> str:
-        return self.model_path  # B2: runners are shared by file
+        """Runners are shared by file (B2) and mode: a chat model asked for embeddings gets
+        a runner of its own, loaded in embedding mode."""
+        return self.model_path + EMBEDDING_KEY_SUFFIX if self.embedding_only else self.model_path
 
 
 @dataclass
@@ -183,18 +186,21 @@ class Scheduler:
             return lease
 
     def unload(self, model_path: str) -> bool:
-        """Expire a model now, or as soon as its requests finish (B23).  True if it was loaded."""
-        runner = self._runners.get(model_path)
-        if runner is None or runner.state is RunnerState.UNLOADING:
-            return False
-        runner.evict()
-        if runner.state is RunnerState.LOADING and runner.waiters == 0 and runner.refs == 0:
-            runner.scope.cancel()
-        return True
+        """Expire a model (its runners in every mode) now, or as soon as their requests
+        finish (B23).  True if it was loaded."""
+        unloaded = False
+        for runner in list(self._runners.values()):
+            if runner.spec.model_path != model_path or runner.state is RunnerState.UNLOADING:
+                continue
+            unloaded = True
+            runner.evict()
+            if runner.state is RunnerState.LOADING and runner.waiters == 0 and runner.refs == 0:
+                runner.scope.cancel()
+        return unloaded
 
     def unload_all(self) -> None:
-        for key in list(self._runners):
-            self.unload(key)
+        for runner in list(self._runners.values()):
+            self.unload(runner.spec.model_path)
 
     def ps(self) -> list[RunnerInfo]:
         """Every runner, latest expiry first (B65): loading, ready and unloading (until its
@@ -208,9 +214,13 @@ class Scheduler:
             infos, key=lambda i: math.inf if i.expires_at is None else i.expires_at, reverse=True
         )
 
-    def runner(self, model_path: str) -> Runner | None:
-        """The resident (or loading) runner for a model file, if any."""
-        return self._runners.get(model_path)
+    def runner(self, model_path: str, *, embedding: bool | None = None) -> Runner | None:
+        """The resident (or loading) runner for a model file, if any: in embedding mode or
+        not as ``embedding`` says, or either (the generation one first)."""
+        plain = self._runners.get(model_path) if not embedding else None
+        if plain is not None or embedding is False:
+            return plain
+        return self._runners.get(model_path + EMBEDDING_KEY_SUFFIX)
 
     def queue_depth(self) -> dict[str, int]:
         depth: dict[str, int] = {}

@@ -95,7 +95,11 @@ class ApiContext:
         options: Mapping[str, Any],
         keep_alive: float | None,
         caps: list[str],
+        *,
+        embedding: bool = False,
     ) -> ModelRequest:
+        """The scheduler's request; ``embedding`` asks for a runner in embedding mode (an
+        embedding model always gets one)."""
         template = model.template or ""
         return ModelRequest(
             name=model.short_name,
@@ -104,7 +108,7 @@ class ApiContext:
             keep_alive=keep_alive,
             adapters=tuple(str(p) for p in model.adapters),
             projector=str(model.projectors[0]) if model.projectors else None,
-            embedding_only="embedding" in caps and "completion" not in caps,
+            embedding_only=embedding or ("embedding" in caps and "completion" not in caps),
             # llama.cpp renders Jinja; a Go template layer cannot be applied (docs/api.md).
             chat_template=template if "{%" in template else None,
             digest=model.digest,

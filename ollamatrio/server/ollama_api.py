@@ -179,7 +179,8 @@ class OllamaApi:
         model = await self.ctx.resolve(name)
         caps = await self.ctx.capabilities(model)
         merged = merge_options(model.params, options)
-        model_request = self.ctx.model_request(model, merged, keep_alive, caps)
+        # Any model can embed: a chat model gets a runner of its own in embedding mode.
+        model_request = self.ctx.model_request(model, merged, keep_alive, caps, embedding=True)
         async with self.ctx.scheduler.lease(model_request) as lease:
             if not inputs:
                 return [], 0, lease.load_duration, trio.current_time() - started
