@@ -292,3 +292,56 @@ async def test_logprobs_through_the_official_client_and_the_sdk(api_server) -> N
                 extra_body={"options": {"ignore_eos": True}},
             )  # fmt: skip
             assert text.choices[0].logprobs is not None
+
+
+def _long_chat(turns: int, words: int) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": "You are a helpful assistant."}]
+    for i in range(turns):
+        messages.append({"role": "user", "content": f"Tell me about topic {i}. " * words})
+        messages.append({"role": "assistant", "content": "It is a fine topic. " * words})
+    messages.append({"role": "user", "content": "What is the capital of France?"})
+    return messages
+
+
+async def test_a_chat_longer_than_the_context_drops_its_oldest_messages(api_server) -> None:
+    """Ollama's chatPrompt: the oldest messages go, system messages and the latest stay;
+    with truncate false, or a latest message that cannot fit, a 400 names num_ctx."""
+    options = {"num_ctx": 256, "num_predict": 2, "temperature": 0}
+    messages = _long_chat(turns=12, words=12)
+    with trio.fail_after(120):
+        async with (
+            api_server(engines=ProcessEngineFactory(load_timeout=60)) as srv,
+            httpx.AsyncClient(base_url=srv.url, timeout=60) as c,
+        ):
+            body = {"model": "tiny", "messages": messages, "stream": False, "options": options}
+            r = await c.post("/api/chat", json=body)
+            assert r.status_code == 200, r.text
+            assert 0 < r.json()["prompt_eval_count"] <= 256
+
+            r = await c.post("/api/chat", json={**body, "truncate": False})
+            assert r.status_code == 400
+            assert "num_ctx 256" in r.json()["error"]
+
+            huge = [messages[0], {"role": "user", "content": "word " * 400}]
+            r = await c.post("/api/chat", json={**body, "messages": huge})
+            assert r.status_code == 400
+            assert "latest message" in r.json()["error"]
+            assert "num_ctx 256" in r.json()["error"]
+
+
+@pytest.mark.slow
+async def test_smollm2_answers_at_the_end_of_a_conversation_longer_than_its_context(
+    api_server, smollm2_path: Path
+) -> None:
+    messages = _long_chat(turns=40, words=30)  # about 14,000 tokens
+    options = {"num_ctx": 2048, "num_predict": 24, "temperature": 0}
+    with trio.fail_after(300):
+        async with (
+            api_server(
+                engines=ProcessEngineFactory(load_timeout=120), models={"smol": smollm2_path}
+            ) as srv,
+            ollama.AsyncClient(host=srv.url, timeout=240) as c,
+        ):
+            resp = await c.chat("smol", messages=messages, options=options)
+    assert "Paris" in resp.message.content
+    assert resp.prompt_eval_count <= 2048

@@ -30,6 +30,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,6 +87,8 @@ EXIT_REPORT_WAIT = 1.0  # how long a failed request waits to learn that the runn
 STDERR_SETTLE = 0.3  # how long to wait for the last stderr bytes of a dead runner
 HEALTH_TIMEOUT = 5.0
 STDERR_TAIL_BYTES = 8192
+# What llama.cpp's /apply-template needs of a chat request to render it as it would.
+_TEMPLATE_FIELDS = ("messages", "tools", "chat_template_kwargs")
 REPEAT_LIMIT = 30  # identical pieces in a row before a generation counts as stuck (B61)
 
 
@@ -276,6 +279,7 @@ class RunnerClient:
     async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
         """Stream a generation: prompt -> ``/completion``, messages -> chat completions."""
         if request.messages is not None:
+            request = await self._fitted(request)
             path, body = chat_request(request, self.context_length, self._name)
             parser: ChatStream | CompletionStream = ChatStream(top_logprobs=request.top_logprobs)
         else:
@@ -298,6 +302,65 @@ class RunnerClient:
             # Leaving closes the connection: that is what tells llama.cpp to stop and free
             # the slot (synchronously, so it happens in a cancelled scope too).
             yield _ChunkStream(self, events, parser)
+
+    def _context_limit(self, request: CompletionRequest) -> int:
+        """Tokens a request may fill: its own ``num_ctx`` when a runner loaded with a larger
+        context serves it, else the runner's context per slot."""
+        asked = request.options.get("num_ctx")
+        if isinstance(asked, int) and 0 < asked < self.context_length:
+            return asked
+        return self.context_length
+
+    async def _fitted(self, request: CompletionRequest) -> CompletionRequest:
+        """``request`` with the oldest messages dropped until the conversation, rendered with
+        the model's template and tokenized by the runner, fits the context (Ollama's
+        ``chatPrompt``): system messages and the latest message always stay.  400 when the
+        latest message alone (with the system messages) cannot fit, or, with ``truncate``
+        false, when the whole conversation cannot."""
+        messages = list(request.messages or ())
+        limit = self._context_limit(request)
+        # Tokens never outnumber the bytes of the text they encode; a template adds far
+        # fewer than 64 tokens a message.  Below that bound nothing needs measuring.
+        size = sum(len(str(m.get("content") or "").encode()) for m in messages)
+        size += len(json.dumps(list(request.tools or ()))) + 64 * (len(messages) + 1)
+        if size <= limit or not messages:
+            return request
+
+        async def tokens_from(start: int) -> int:
+            kept = [m for m in messages[:start] if m.get("role") == "system"] + messages[start:]
+            trial = replace(request, messages=kept)
+            _, body = chat_request(trial, self.context_length, self._name)
+            template = {k: body[k] for k in _TEMPLATE_FIELDS if k in body}
+            prompt = json.loads(await self._call("POST", "/apply-template", template))["prompt"]
+            tokenized = {"content": prompt, "add_special": True, "parse_special": True}
+            return len(json.loads(await self._call("POST", "/tokenize", tokenized))["tokens"])
+
+        whole = await tokens_from(0)
+        if whole <= limit:
+            return request
+        if not request.truncate:
+            raise InvalidRequestError(
+                f"the conversation ({whole} tokens) exceeds the context length "
+                f"(num_ctx {limit}) and truncate is false"
+            )
+        last = len(messages) - 1
+        latest = await tokens_from(last)
+        if latest > limit:
+            raise InvalidRequestError(
+                f"the latest message ({latest} tokens with the system messages) exceeds the "
+                f"context length (num_ctx {limit})"
+            )
+        # The first start that fits: fewer messages never need more tokens (binary search).
+        low, high = 1, last
+        while low < high:
+            middle = (low + high) // 2
+            if await tokens_from(middle) <= limit:
+                high = middle
+            else:
+                low = middle + 1
+        log.debug("truncating the conversation: dropped %d oldest messages", low)
+        kept = [m for m in messages[:low] if m.get("role") == "system"] + messages[low:]
+        return replace(request, messages=kept)
 
     async def embed(
         self, inputs: Sequence[str], *, truncate: bool = True, dimensions: int | None = None

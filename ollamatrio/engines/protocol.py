@@ -74,6 +74,9 @@ class CompletionRequest:
     images: Sequence[str] = ()  # base64
     logprobs: bool = False
     top_logprobs: int = 0
+    # Messages: drop the oldest (never system messages, never the latest) until the rendered
+    # conversation fits the context, as Ollama's chatPrompt does.
+    truncate: bool = True
 
 
 @dataclass(frozen=True)

@@ -462,6 +462,7 @@ def with_common(
         images=req.images if isinstance(req, GenerateRequest) and completion.prompt else (),
         logprobs=req.logprobs,
         top_logprobs=req.top_logprobs,
+        truncate=req.truncate if isinstance(req, ChatRequest) else True,
     )
 
 

@@ -436,6 +436,7 @@ class ChatRequest:
     stream: bool = True
     logprobs: bool = False
     top_logprobs: int = 0
+    truncate: bool = True  # drop the oldest messages that do not fit the context
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> ChatRequest:
@@ -453,6 +454,7 @@ class ChatRequest:
             stream=get_stream(body),
             logprobs=get_bool(body, "logprobs", False),
             top_logprobs=get_top_logprobs(body),
+            truncate=get_bool(body, "truncate", True),
         )
 
     @property
