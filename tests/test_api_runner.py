@@ -345,3 +345,30 @@ async def test_smollm2_answers_at_the_end_of_a_conversation_longer_than_its_cont
             resp = await c.chat("smol", messages=messages, options=options)
     assert "Paris" in resp.message.content
     assert resp.prompt_eval_count <= 2048
+
+
+async def test_generate_returns_a_context_that_a_later_request_continues_from(
+    api_server,
+) -> None:
+    """ollama-python's round trip: generate(..., context=r.context)."""
+    greedy = {"num_predict": 3, "temperature": 0}
+    with trio.fail_after(120):
+        async with (
+            api_server(engines=ProcessEngineFactory(load_timeout=60)) as srv,
+            ollama.AsyncClient(host=srv.url) as c,
+        ):
+            first = await c.generate("tiny", "hello there", options=greedy)
+            assert first.context
+            assert all(isinstance(t, int) for t in first.context)
+            assert len(first.context) >= first.prompt_eval_count
+            streamed = [p async for p in await c.generate(
+                "tiny", "hello there", options=greedy, stream=True
+            )]  # fmt: skip
+            assert streamed[-1].context == first.context  # greedy: the same tokens
+            assert all(not p.context for p in streamed[:-1])
+            second = await c.generate("tiny", "and more", options=greedy, context=first.context)
+            assert second.context[:2] == first.context[:2]  # one BOS, then the same start
+            assert len(second.context) > len(first.context)
+            assert second.prompt_eval_count > first.prompt_eval_count  # it read the past
+            raw = await c.generate("tiny", "hi", raw=True, options=greedy)
+            assert not raw.context  # as Ollama: none in raw mode

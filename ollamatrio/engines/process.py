@@ -278,6 +278,17 @@ class RunnerClient:
     @asynccontextmanager
     async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
         """Stream a generation: prompt -> ``/completion``, messages -> chat completions."""
+        if request.context and request.messages is not None:
+            # Ollama: the earlier context, as text, in front of the rendered prompt.
+            request = replace(request, prompt=await self._render(request), messages=None)
+        if request.context and request.prompt is not None:
+            # The prompt gets its own BOS when tokenized: drop the earlier one.
+            prefix = await self.tokenize_prompt("")
+            tokens = list(request.context)
+            if prefix and tokens[: len(prefix)] == prefix:
+                tokens = tokens[len(prefix) :]
+            earlier = await self.detokenize(tokens)
+            request = replace(request, prompt=earlier + request.prompt, context=())
         if request.messages is not None:
             request = await self._fitted(request)
             path, body = chat_request(request, self.context_length, self._name)
@@ -301,7 +312,8 @@ class RunnerClient:
                 raise await self._stalled()
             # Leaving closes the connection: that is what tells llama.cpp to stop and free
             # the slot (synchronously, so it happens in a cancelled scope too).
-            yield _ChunkStream(self, events, parser)
+            context = _Context(self, request) if request.return_context else None
+            yield _ChunkStream(self, events, parser, context)
 
     def _context_limit(self, request: CompletionRequest) -> int:
         """Tokens a request may fill: its own ``num_ctx`` when a runner loaded with a larger
@@ -310,6 +322,12 @@ class RunnerClient:
         if isinstance(asked, int) and 0 < asked < self.context_length:
             return asked
         return self.context_length
+
+    async def _render(self, request: CompletionRequest) -> str:
+        """The prompt llama.cpp's chat template makes of ``request``'s messages."""
+        _, body = chat_request(request, self.context_length, self._name)
+        template = {k: body[k] for k in _TEMPLATE_FIELDS if k in body}
+        return str(json.loads(await self._call("POST", "/apply-template", template))["prompt"])
 
     async def _fitted(self, request: CompletionRequest) -> CompletionRequest:
         """``request`` with the oldest messages dropped until the conversation, rendered with
@@ -328,12 +346,8 @@ class RunnerClient:
 
         async def tokens_from(start: int) -> int:
             kept = [m for m in messages[:start] if m.get("role") == "system"] + messages[start:]
-            trial = replace(request, messages=kept)
-            _, body = chat_request(trial, self.context_length, self._name)
-            template = {k: body[k] for k in _TEMPLATE_FIELDS if k in body}
-            prompt = json.loads(await self._call("POST", "/apply-template", template))["prompt"]
-            tokenized = {"content": prompt, "add_special": True, "parse_special": True}
-            return len(json.loads(await self._call("POST", "/tokenize", tokenized))["tokens"])
+            prompt = await self._render(replace(request, messages=kept))
+            return len(await self.tokenize_prompt(prompt))
 
         whole = await tokens_from(0)
         if whole <= limit:
@@ -396,6 +410,11 @@ class RunnerClient:
 
     async def tokenize(self, text: str) -> list[int]:
         body = {"content": text, "add_special": False, "parse_special": True}
+        return [int(t) for t in (await self._post_json("/tokenize", body))["tokens"]]
+
+    async def tokenize_prompt(self, text: str) -> list[int]:
+        """``text`` as llama.cpp tokenizes a prompt: special tokens parsed, BOS added."""
+        body = {"content": text, "add_special": True, "parse_special": True}
         return [int(t) for t in (await self._post_json("/tokenize", body))["tokens"]]
 
     async def detokenize(self, tokens: Sequence[int]) -> str:
@@ -627,6 +646,30 @@ class ProcessEngine(RunnerClient):
         return not self._exited.is_set() and await super().healthy()
 
 
+class _Context:
+    """/api/generate's ``context`` for one generation: the prompt and the answer as token
+    ids, computed once the answer is complete (Ollama tokenizes prompt + answer text)."""
+
+    def __init__(self, engine: RunnerClient, request: CompletionRequest) -> None:
+        self._engine = engine
+        self._request = request
+        self._answer: list[str] = []
+
+    async def annotate(self, batch: list[Chunk]) -> list[Chunk]:
+        out = []
+        for chunk in batch:
+            self._answer.append(chunk.content)
+            if chunk.done:
+                request = self._request
+                prompt = request.prompt
+                if prompt is None:
+                    prompt = await self._engine._render(request)
+                tokens = await self._engine.tokenize_prompt(prompt + "".join(self._answer))
+                chunk = replace(chunk, context=tuple(tokens))
+            out.append(chunk)
+        return out
+
+
 class _ChunkStream:
     """Pull-based stream of one generation's chunks (no task of its own).
 
@@ -638,10 +681,12 @@ class _ChunkStream:
         engine: RunnerClient,
         events: EventSource,
         parser: ChatStream | CompletionStream,
+        context: _Context | None = None,
     ) -> None:
         self._engine = engine
         self._events = events
         self._parser = parser
+        self._context = context
         self._pending: list[Chunk] = []
         self._finished = False
         self._last_piece = ""
@@ -666,7 +711,7 @@ class _ChunkStream:
         while not self._finished:
             batch = self._guard(await self._read())
             if batch:
-                return batch
+                return batch if self._context is None else await self._context.annotate(batch)
         return []
 
     def _guard(self, chunks: list[Chunk]) -> list[Chunk]:

@@ -77,6 +77,11 @@ class CompletionRequest:
     # Messages: drop the oldest (never system messages, never the latest) until the rendered
     # conversation fits the context, as Ollama's chatPrompt does.
     truncate: bool = True
+    # /api/generate's deprecated ``context``: token ids of an earlier prompt and answer to
+    # continue from (detokenized in front of this prompt, as Ollama does), and whether the
+    # final chunk should carry this prompt and answer as token ids.
+    context: tuple[int, ...] = ()
+    return_context: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,7 @@ class Chunk:
     prompt_eval_duration: int = 0  # ns
     eval_count: int = 0
     eval_duration: int = 0  # ns
+    context: tuple[int, ...] = ()  # on the final chunk, when the request asked for it
 
 
 @dataclass(frozen=True)

@@ -463,6 +463,9 @@ def with_common(
         logprobs=req.logprobs,
         top_logprobs=req.top_logprobs,
         truncate=req.truncate if isinstance(req, ChatRequest) else True,
+        # Ollama returns the token context on /api/generate except in raw mode.
+        context=req.context if isinstance(req, GenerateRequest) else (),
+        return_context=isinstance(req, GenerateRequest) and not req.raw,
     )
 
 

@@ -124,6 +124,8 @@ class GenerateLines:
         obj["done"] = chunk.done
         if chunk.done:
             obj["done_reason"] = chunk.done_reason or "stop"
+            if chunk.context:
+                obj["context"] = list(chunk.context)
             obj.update(gen.timings(chunk))
         return self._prefix + created + b"," + json_bytes(obj)[1:] + b"\n"
 
@@ -295,6 +297,8 @@ class Fold:
     def _final(self, gen: Generation) -> dict[str, Any]:
         chunk = gen.final or Chunk(done=True, done_reason="stop")
         out: dict[str, Any] = {"done": True, "done_reason": chunk.done_reason or "stop"}
+        if chunk.context:
+            out["context"] = list(chunk.context)
         out.update(gen.timings(chunk))
         if self.logprobs:
             out["logprobs"] = [dict(p) for p in self.logprobs]
