@@ -372,3 +372,33 @@ async def test_generate_returns_a_context_that_a_later_request_continues_from(
             assert second.prompt_eval_count > first.prompt_eval_count  # it read the past
             raw = await c.generate("tiny", "hi", raw=True, options=greedy)
             assert not raw.context  # as Ollama: none in raw mode
+
+
+async def test_shift_lets_a_generation_run_past_the_context(api_server) -> None:
+    """Ollama's default context shift: a generation that fills num_ctx goes on; with
+    "shift": false it stops there (done_reason "length"), on a runner loaded that way."""
+    # llama.cpp rounds the context up to 256 cells: 400 tokens overflow it.
+    options = {
+        "num_ctx": 64, "num_predict": 400, "ignore_eos": True, "temperature": 0, "num_thread": 1,
+    }  # fmt: skip
+    with trio.fail_after(120):
+        async with (
+            api_server(engines=ProcessEngineFactory(load_timeout=60)) as srv,
+            ollama.AsyncClient(host=srv.url) as c,
+        ):
+            shifted = await c.generate("tiny", "hello", raw=True, options=options)
+            assert shifted.eval_count == 400
+            first = runner_of(srv, "tiny:latest")
+            assert first.context_length <= 256
+            assert first.spec.context_shift
+            async with httpx.AsyncClient(base_url=srv.url, timeout=60) as raw:
+                r = await raw.post("/api/generate", json={
+                    "model": "tiny", "prompt": "hello", "raw": True, "stream": False,
+                    "options": options, "shift": False,
+                })  # fmt: skip
+            stopped = r.json()
+            assert stopped["done_reason"] == "length"
+            assert stopped["eval_count"] < first.context_length
+            second = runner_of(srv, "tiny:latest")
+            assert second is not first  # a load-time choice: reloaded (B25)
+            assert not second.spec.context_shift

@@ -42,6 +42,9 @@ class LoadSpec:
     adapters: tuple[str, ...] = ()  # LoRA files
     projector: str | None = None  # multimodal projector file
     chat_template: str | None = None  # override of the model's own template
+    # Ollama's context shift: a generation that fills the context drops its oldest tokens
+    # (after num_keep) and goes on, instead of stopping with done_reason "length".
+    context_shift: bool = True
 
 
 @dataclass(frozen=True)

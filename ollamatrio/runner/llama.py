@@ -23,6 +23,7 @@ def build_params(config: RunnerConfig, plan: LoadPlan) -> xlc.CommonParams:
     spec = config.spec
     p = xlc.CommonParams()
     p.model.path = spec.model_path
+    p.ctx_shift = spec.context_shift
     p.model_alias = {spec.name}  # a set: a str would become a set of characters
     p.hostnames = [socket_path(config)]
     p.api_keys = [config.api_key]

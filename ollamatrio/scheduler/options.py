@@ -34,6 +34,7 @@ class LoadOptions:
     use_mmap: bool | None  # None = decided at load (auto)
     num_thread: int
     num_parallel: int
+    context_shift: bool = True  # B27: the request's shift, else on (off for deepseek2)
 
 
 def _int_option(options: Mapping[str, Any], key: str) -> int | None:
@@ -79,6 +80,7 @@ def resolve_load_options(
     embedding_only: bool,
     architecture: str = "",
     has_projector: bool = False,
+    shift: bool | None = None,
 ) -> LoadOptions:
     """Turn merged request options into what the runner is loaded with (B1, B13, B14, B16, B37)."""
     requested_ctx = _int_option(options, "num_ctx")
@@ -114,6 +116,7 @@ def resolve_load_options(
         use_mmap=_bool_option(options, "use_mmap"),
         num_thread=max(0, num_thread or 0),
         num_parallel=slots,
+        context_shift=shift if shift is not None else architecture != "deepseek2",
     )
 
 
@@ -133,4 +136,6 @@ def needs_reload(loaded: LoadOptions, wanted: LoadOptions) -> bool:
         return True
     if wanted.num_thread and wanted.num_thread != loaded.num_thread:
         return True
+    if wanted.context_shift != loaded.context_shift:
+        return True  # B25: a load-time choice of llama.cpp's
     return wanted.num_parallel != loaded.num_parallel

@@ -70,6 +70,7 @@ class ModelRequest:
     adapters: tuple[str, ...] = ()
     projector: str | None = None
     embedding_only: bool = False
+    shift: bool | None = None  # context shift (B27); None: the default for the model
     chat_template: str | None = None
     digest: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
@@ -370,6 +371,7 @@ class Scheduler:
             embedding_only=request.embedding_only,
             architecture=info.architecture,
             has_projector=request.projector is not None,
+            shift=request.shift,
         )
 
     @staticmethod
@@ -624,6 +626,7 @@ class Scheduler:
             flash_attention=self.settings.flash_attention,
             use_mmap=use_mmap,
             embedding=request.embedding_only,
+            context_shift=load.context_shift,
             adapters=request.adapters,
             projector=request.projector,
             chat_template=request.chat_template,

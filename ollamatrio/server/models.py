@@ -97,6 +97,7 @@ class ApiContext:
         caps: list[str],
         *,
         embedding: bool = False,
+        shift: bool | None = None,
     ) -> ModelRequest:
         """The scheduler's request; ``embedding`` asks for a runner in embedding mode (an
         embedding model always gets one)."""
@@ -109,6 +110,7 @@ class ApiContext:
             adapters=tuple(str(p) for p in model.adapters),
             projector=str(model.projectors[0]) if model.projectors else None,
             embedding_only=embedding or ("embedding" in caps and "completion" not in caps),
+            shift=shift,
             # llama.cpp renders Jinja; a Go template layer cannot be applied (docs/api.md).
             chat_template=template if "{%" in template else None,
             digest=model.digest,

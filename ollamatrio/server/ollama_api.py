@@ -155,7 +155,10 @@ class OllamaApi:
         if isinstance(req, ChatRequest) and req.tools:
             require(req.model, caps, "tools")
         options = merge_options(model.params, req.options)
-        return self.ctx.model_request(model, options, req.keep_alive, caps), model, info
+        model_request = self.ctx.model_request(
+            model, options, req.keep_alive, caps, shift=req.shift
+        )
+        return model_request, model, info
 
     @staticmethod
     def _done(req: GenerateRequest | ChatRequest, reason: str) -> dict[str, Any]:

@@ -199,6 +199,11 @@ def get_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
     return value
 
 
+def get_optional_bool(body: Mapping[str, Any], key: str) -> bool | None:
+    """A boolean field whose absence (or null) means "the default", decided elsewhere."""
+    return None if body.get(key) is None else get_bool(body, key, False)
+
+
 def get_int(body: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
     value = body.get(key)
     if value is None:
@@ -376,6 +381,7 @@ class GenerateRequest:
     stream: bool = True
     logprobs: bool = False
     top_logprobs: int = 0
+    shift: bool | None = None  # context shift; None: the model's default (B27)
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> GenerateRequest:
@@ -398,6 +404,7 @@ class GenerateRequest:
             stream=get_stream(body),
             logprobs=get_bool(body, "logprobs", False),
             top_logprobs=get_top_logprobs(body),
+            shift=get_optional_bool(body, "shift"),
         )
         if req.raw and (req.template or req.system or req.context):
             raise InvalidRequestError("raw mode does not support template, system, or context")
@@ -437,6 +444,7 @@ class ChatRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     truncate: bool = True  # drop the oldest messages that do not fit the context
+    shift: bool | None = None  # context shift; None: the model's default (B27)
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> ChatRequest:
@@ -454,6 +462,7 @@ class ChatRequest:
             stream=get_stream(body),
             logprobs=get_bool(body, "logprobs", False),
             top_logprobs=get_top_logprobs(body),
+            shift=get_optional_bool(body, "shift"),
             truncate=get_bool(body, "truncate", True),
         )
 
