@@ -402,3 +402,22 @@ async def test_shift_lets_a_generation_run_past_the_context(api_server) -> None:
             second = runner_of(srv, "tiny:latest")
             assert second is not first  # a load-time choice: reloaded (B25)
             assert not second.spec.context_shift
+
+
+async def test_a_generate_prompt_longer_than_the_context_is_cut_from_the_front(
+    api_server,
+) -> None:
+    options = {"num_ctx": 64, "num_predict": 2, "temperature": 0, "num_thread": 1}
+    body = {"model": "tiny", "prompt": "word " * 300, "raw": True, "stream": False,
+            "options": options}  # fmt: skip
+    with trio.fail_after(120):
+        async with (
+            api_server(engines=ProcessEngineFactory(load_timeout=60)) as srv,
+            httpx.AsyncClient(base_url=srv.url, timeout=60) as c,
+        ):
+            r = await c.post("/api/generate", json=body)
+            assert r.status_code == 200, r.text
+            assert 0 < r.json()["prompt_eval_count"] <= 64
+            r = await c.post("/api/generate", json={**body, "truncate": False})
+            assert r.status_code == 400
+            assert "num_ctx 64" in r.json()["error"]

@@ -295,6 +295,8 @@ class RunnerClient:
             parser: ChatStream | CompletionStream = ChatStream(top_logprobs=request.top_logprobs)
         else:
             path, body = completion_request(request, self.context_length)
+            if path == "/completion":
+                body["prompt"] = await self._fitted_prompt(request)
             parser = CompletionStream(request.top_logprobs)
         # Progress events during prompt processing keep bytes flowing while the runner
         # works, so the stall deadline only catches a runner that stopped.
@@ -328,6 +330,28 @@ class RunnerClient:
         _, body = chat_request(request, self.context_length, self._name)
         template = {k: body[k] for k in _TEMPLATE_FIELDS if k in body}
         return str(json.loads(await self._call("POST", "/apply-template", template))["prompt"])
+
+    async def _fitted_prompt(self, request: CompletionRequest) -> str | list[int]:
+        """The prompt, or when it does not fit the context its last tokens (after the BOS),
+        cut from the front; 400 naming num_ctx when it does not fit and ``truncate`` is
+        false."""
+        prompt = request.prompt or ""
+        limit = self._context_limit(request)
+        if len(prompt.encode()) + 2 <= limit:  # a token covers at least one byte
+            return prompt
+        tokens = await self.tokenize_prompt(prompt)
+        if len(tokens) <= limit:
+            return prompt
+        if not request.truncate:
+            raise InvalidRequestError(
+                f"the prompt ({len(tokens)} tokens) exceeds the context length "
+                f"(num_ctx {limit}) and truncate is false"
+            )
+        head = await self.tokenize_prompt("")  # what the tokenizer puts first (BOS)
+        if tokens[: len(head)] != head:
+            head = []
+        log.debug("truncating the prompt: %d tokens to %d", len(tokens), limit)
+        return head + tokens[len(tokens) - (limit - len(head)) :]
 
     async def _fitted(self, request: CompletionRequest) -> CompletionRequest:
         """``request`` with the oldest messages dropped until the conversation, rendered with

@@ -465,7 +465,7 @@ def with_common(
         images=req.images if isinstance(req, GenerateRequest) and completion.prompt else (),
         logprobs=req.logprobs,
         top_logprobs=req.top_logprobs,
-        truncate=req.truncate if isinstance(req, ChatRequest) else True,
+        truncate=req.truncate,
         # Ollama returns the token context on /api/generate except in raw mode.
         context=req.context if isinstance(req, GenerateRequest) else (),
         return_context=isinstance(req, GenerateRequest) and not req.raw,

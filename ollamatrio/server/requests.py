@@ -382,6 +382,7 @@ class GenerateRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     shift: bool | None = None  # context shift; None: the model's default (B27)
+    truncate: bool = True  # cut a prompt that does not fit the context from the front
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> GenerateRequest:
@@ -405,6 +406,7 @@ class GenerateRequest:
             logprobs=get_bool(body, "logprobs", False),
             top_logprobs=get_top_logprobs(body),
             shift=get_optional_bool(body, "shift"),
+            truncate=get_bool(body, "truncate", True),
         )
         if req.raw and (req.template or req.system or req.context):
             raise InvalidRequestError("raw mode does not support template, system, or context")
