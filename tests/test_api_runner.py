@@ -322,6 +322,15 @@ async def test_a_chat_longer_than_the_context_drops_its_oldest_messages(api_serv
             assert r.status_code == 400
             assert "num_ctx 256" in r.json()["error"]
 
+            import openai
+
+            async with openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="x") as sdk:
+                answer = await sdk.chat.completions.create(
+                    model="tiny", messages=messages, max_tokens=2,  # type: ignore[arg-type]
+                    extra_body={"options": {"num_ctx": 256}},
+                )  # fmt: skip
+            assert 0 < answer.usage.prompt_tokens <= 256
+
             huge = [messages[0], {"role": "user", "content": "word " * 400}]
             r = await c.post("/api/chat", json={**body, "messages": huge})
             assert r.status_code == 400
