@@ -25,7 +25,8 @@ busy"), in-stream error, transport error, overdue expiry, leaked runner or lefto
 
 ``--tracemalloc N`` runs the server under ``tracemalloc`` (N frames) and writes snapshots
 after 0 %, 50 % and 100 % of the requests; the script prints the allocation sites that grew
-most between the last two (slow: for finding a leak, not for timings).
+most in each half.  For finding a leak only: tracing slows the server, and taking a snapshot
+stops it for seconds, so latencies and hang counts of such a run mean nothing.
 
     .venv/bin/python scripts/soak.py --requests 5000 --clients 16 --seed 1
 """
@@ -304,9 +305,8 @@ def print_tracemalloc(folder: Path, top: int = 15) -> None:
         total = sum(s.size_diff for s in stats)
         print(f"\ntracemalloc {label}: {total / 2**10:+.0f} KiB traced; top sites:")
         for stat in stats[:top]:
-            where = " <- ".join(
-                f"{Path(f.filename).name}:{f.lineno}" for f in list(stat.traceback)[:4]
-            )
+            frames = list(stat.traceback)[::-1][:4]  # most recent first
+            where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames)
             print(f"  {stat.size_diff / 2**10:+8.1f} KiB {stat.count_diff:+6d} blocks  {where}")
 
 
