@@ -47,6 +47,7 @@ from ..errors import (
 from ..gguf import GGUFInfo
 from ..memory import Estimate, MemoryOptions, estimate, gpu_context_reserve
 from .calibration import VramCalibration
+from .events import EventHub, EvictReason, SchedulerEvent
 from .options import LoadOptions, default_context_length, needs_reload, resolve_load_options
 from .placement import DeviceRoom, Placement, choose_placement
 from .runner import Runner, RunnerInfo, RunnerState
@@ -127,6 +128,7 @@ class _Load:
 class _Evict:
     victims: tuple[Runner, ...]  # may be empty: room is already on its way (unloads running)
     reserve: Placement | None  # what the request will take once the victims are gone
+    reason: EvictReason = "memory"
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,7 @@ class Scheduler:
         self.calibration = VramCalibration()
         # Wall-clock seconds of recent placement passes (benchmarks, metrics).
         self.pass_seconds: deque[float] = deque(maxlen=4096)
+        self.events = EventHub()
 
     # -- public API ---------------------------------------------------------------------
 
@@ -194,7 +197,7 @@ class Scheduler:
             if runner.spec.model_path != model_path or runner.state is RunnerState.UNLOADING:
                 continue
             unloaded = True
-            runner.evict()
+            self._evict(runner, "request")
             if runner.state is RunnerState.LOADING and runner.waiters == 0 and runner.refs == 0:
                 runner.scope.cancel()
         return unloaded
@@ -259,6 +262,7 @@ class Scheduler:
 
         pending = _Pending(request, info, load)
         self._admit()
+        self._publish("queued", request.name, request.key, queued=self._queued_for(request.key) + 1)
         try:
             while True:
                 self._pending.append(pending)
@@ -284,6 +288,19 @@ class Scheduler:
             raise
         finally:
             self._waiting -= 1
+
+    def _queued_for(self, key: str) -> int:
+        runner = self._runners.get(key)
+        waiting = runner.waiters + runner.slot_waiters if runner is not None else 0
+        return waiting + sum(1 for p in self._pending if p.request.key == key)
+
+    def _publish(self, kind: Any, model: str, key: str, **fields: Any) -> None:
+        self.events.publish(SchedulerEvent(kind, model, key, **fields))
+
+    def _evict(self, runner: Runner, reason: EvictReason) -> None:
+        if not runner.evicting and runner.state is not RunnerState.UNLOADING:
+            self._publish("evicting", runner.name, runner.key, reason=reason)
+        runner.evict()
 
     def _admit(self) -> None:
         if self._waiting >= self.settings.max_queue:
@@ -385,7 +402,7 @@ class Scheduler:
 
     def _expire_idle_runners(self) -> None:
         for runner in self._runners.values():
-            runner.evict()
+            self._evict(runner, "oom")
 
     # -- the placement task -------------------------------------------------------------
 
@@ -433,7 +450,7 @@ class Scheduler:
                 # Loaded with other options: it must go first (B25), in arrival order.
                 if not eviction_in_progress:
                     eviction_in_progress = True
-                    runner.evict()
+                    self._evict(runner, "reload")
                 continue
             if request.key in waiting_keys and not pending.evict_others:
                 remaining.append(pending)
@@ -453,7 +470,7 @@ class Scheduler:
                     pending.evict_others = False
                     for victim in decision.victims:
                         log.info("evicting %s to make room for %s", victim.name, request.name)
-                        victim.evict()
+                        self._evict(victim, decision.reason)
                     reserved.append(decision.reserve or Placement(gpu_ids=(), num_gpu=0))
         self._pending = remaining
 
@@ -489,7 +506,7 @@ class Scheduler:
             )
 
         if pending.evict_others and staying:
-            return _Evict(tuple(staying), fits(set(staying), partial=True))
+            return _Evict(tuple(staying), fits(set(staying), partial=True), "oom")
 
         unloading = len(self._runners) - len(active)
         # Count limit (B11/B12): runners on their way out still count until they are gone,
@@ -498,9 +515,9 @@ class Scheduler:
         if len(self._runners) + promised >= self._max_models:
             # Evict one: idle first, soonest to expire first (see _eviction_order).
             if going or unloading or promised:
-                return _Evict((), None)
+                return _Evict((), None, "count")
             victims = self._eviction_order(staying)
-            return _Evict((victims[0],), None) if victims else _Evict((), None)
+            return _Evict((victims[0],), None, "count") if victims else _Evict((), None, "count")
 
         if not staying and not going:
             # Alone (B33): anything that fits, partial offload or CPU included.
@@ -644,6 +661,7 @@ class Scheduler:
             projector=request.projector,
         )
         self._runners[runner.key] = runner
+        self._publish("loading", runner.name, runner.key, completed=0, total=runner.memory.total)
         self._nursery.start_soon(self._run_runner, runner, name=f"runner {request.name}")
         return runner
 
@@ -659,21 +677,24 @@ class Scheduler:
                     self.calibration.observe(
                         runner.placement, engine.memory.vram_by_gpu, runner.name
                     )
-                    log.info(
-                        "loaded %s in %.2fs", runner.name, runner.loaded_at - runner.load_started
-                    )
+                    seconds = runner.loaded_at - runner.load_started
+                    log.info("loaded %s in %.2fs", runner.name, seconds)
+                    self._publish("loaded", runner.name, runner.key, seconds=seconds)
                     await runner.serve_until_expired()
+                    if not runner.evicting:
+                        self._publish("expired", runner.name, runner.key)
                     runner.state = RunnerState.UNLOADING  # no lease may pin it from here on
                     if runner.memory.vram > 0:
                         vram_baseline = await self._gpu_free(runner)
             if runner.scope.cancelled_caught and runner.state is RunnerState.LOADING:
+                self._publish("load_failed", runner.name, runner.key, reason="abandoned")
                 runner.mark_failed(RunnerStartError("load abandoned: no request wants it"))
         except RunnerError as exc:
             log.warning("runner %s failed: %s", runner.name, exc)
-            runner.mark_failed(exc)
+            self._runner_failed(runner, exc)
         except Exception as exc:  # a bug in an engine must not take the scheduler down
             log.exception("runner %s failed unexpectedly", runner.name)
-            runner.mark_failed(RunnerError(f"runner failed: {exc}"))
+            self._runner_failed(runner, RunnerError(f"runner failed: {exc}"))
         finally:
             runner.mark_failed(runner.error or RunnerError("runner unloaded"))
             if vram_baseline is not None:
@@ -681,7 +702,16 @@ class Scheduler:
                     await self._wait_for_vram_recovery(runner, vram_baseline)
             if self._runners.get(runner.key) is runner:
                 del self._runners[runner.key]
+            self._publish("unloaded", runner.name, runner.key)
             self._wake()
+
+    def _runner_failed(self, runner: Runner, error: RunnerError) -> None:
+        if runner.state is RunnerState.LOADING:
+            reason = "oom" if isinstance(error, OutOfMemoryError) else "error"
+            self._publish("load_failed", runner.name, runner.key, reason=reason)
+        elif runner.state is RunnerState.READY:
+            self._publish("crashed", runner.name, runner.key, reason=str(error))
+        runner.mark_failed(error)
 
     async def _gpu_free(self, runner: Runner) -> int:
         inventory = await self._devices.inventory()
