@@ -81,6 +81,9 @@ class Settings:
     simulated_engine: str = ""  # raw JSON: behaviour of the simulated engine
     scheme: str = "http"  # from OLLAMA_HOST; matters to clients, not to the server
     base_path: str = ""  # path after host:port in OLLAMA_HOST (reverse proxies)
+    # OLLAMATRIO_CONFIG: the per-model settings file (model_config.py), read by the server
+    # at start-up only, so that client commands never fail on it.
+    config_path: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -103,6 +106,7 @@ class Settings:
             models_dir = Path(home) / ".ollama" / "models"
         else:
             models_dir = _default_models_dir()
+        config = _var(env, "OLLAMATRIO_CONFIG")
         return cls(
             host=host,
             port=port,
@@ -133,6 +137,7 @@ class Settings:
             engine=engine,
             simulated_gpus=env.get("OLLAMATRIO_SIMULATED_GPUS", "").strip(),
             simulated_engine=env.get("OLLAMATRIO_SIMULATED_ENGINE", "").strip(),
+            config_path=Path(config).expanduser() if config else None,
         )
 
     @property
