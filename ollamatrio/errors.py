@@ -72,3 +72,8 @@ class ServerShuttingDownError(SchedulerClosedError):
 
 class InsufficientMemoryError(OllamatrioError):
     """The model cannot fit in the memory this machine has, even with nothing else loaded."""
+
+
+class ModelLimitError(OllamatrioError):
+    """A model cannot load because every resident model is pinned and the model count
+    (``OLLAMA_MAX_LOADED_MODELS``) is reached: waiting would be forever."""

@@ -28,6 +28,7 @@ from ollamatrio.errors import (
 )
 from ollamatrio.gguf import read_gguf
 from ollamatrio.memory import MemoryOptions, estimate, gpu_context_reserve
+from ollamatrio.model_config import ModelConfig
 from ollamatrio.model_info import read_cached
 from ollamatrio.scheduler import ModelRequest, Scheduler, open_scheduler
 from ollamatrio.testing import write_tiny_gguf
@@ -79,6 +80,7 @@ async def scheduler(
     system_total: int = 256 * GiB,
     behaviours: dict[str, SimulatedBehaviour] | None = None,
     default: SimulatedBehaviour | None = None,
+    config: ModelConfig | None = None,
     **settings: Any,
 ) -> AsyncIterator[tuple[Scheduler, SimulatedEngineFactory, SimulatedDevices]]:
     devices = SimulatedDevices(
@@ -88,7 +90,9 @@ async def scheduler(
         devices, default=default or SimulatedBehaviour(load_seconds=1.0), models=behaviours
     )
     base = Settings()
-    async with open_scheduler(replace(base, **settings), engines=engines, devices=devices) as sched:
+    async with open_scheduler(
+        replace(base, **settings), engines=engines, devices=devices, models=config
+    ) as sched:
         yield sched, engines, devices
 
 
@@ -99,6 +103,14 @@ def loaded(sched: Scheduler) -> list[str]:
 async def use(sched: Scheduler, request: ModelRequest, seconds: float = 0.0) -> None:
     async with sched.lease(request):
         await trio.sleep(seconds)
+
+
+async def generate(sched: Scheduler, request: ModelRequest) -> None:
+    """One whole generation on a leased runner."""
+    async with sched.lease(request) as lease:
+        async with lease.engine.complete(CompletionRequest(prompt="x")) as chunks:
+            async for _ in chunks:
+                pass
 
 
 # -- leases and keep-alive ---------------------------------------------------------------
@@ -669,10 +681,7 @@ async def test_runtime_oom_expires_idle_runners(autojump_clock, models):
     async with scheduler(behaviours=behaviours) as (sched, _, _):
         await use(sched, req(models, "a"))
         with pytest.raises(OutOfMemoryError):
-            async with sched.lease(req(models, "b")) as lease:
-                async with lease.engine.complete(CompletionRequest(prompt="x")) as chunks:
-                    async for _ in chunks:
-                        pass
+            await generate(sched, req(models, "b"))
         await trio.sleep(0.001)
         assert loaded(sched) == []
 

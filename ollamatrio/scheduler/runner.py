@@ -52,6 +52,7 @@ class RunnerInfo:
     keep_alive: float
     expires_at: float | None  # wall-clock seconds; None = never
     pid: int | None
+    pinned: bool = False  # never evicted, never expires (model_config.py)
 
 
 class Runner:
@@ -68,6 +69,7 @@ class Runner:
         keep_alive: float,
         adapters: tuple[str, ...],
         projector: str | None,
+        pinned: bool = False,
     ) -> None:
         self.key = key
         self.name = name
@@ -78,7 +80,10 @@ class Runner:
         self.placement = placement
         self.adapters = adapters
         self.projector = projector
-        self.keep_alive = keep_alive
+        # A pinned runner never expires and is never an eviction victim; only an explicit
+        # unload (or a reload with other options, or shutdown) ends it.
+        self.pinned = pinned
+        self.keep_alive = math.inf if pinned else keep_alive
         self.state = RunnerState.LOADING
         self.engine: Engine | None = None
         self.error: BaseException | None = None
@@ -108,9 +113,10 @@ class Runner:
         self._changed = trio.Event()
 
     def pin(self, keep_alive: float | None) -> None:
-        """A request takes this runner.  Last keep_alive writer wins (B20)."""
+        """A request takes this runner.  Last keep_alive writer wins (B20), except on a
+        pinned runner, which ignores the keep_alive of requests."""
         self.refs += 1
-        if keep_alive is not None and not self.evicting:
+        if keep_alive is not None and not self.evicting and not self.pinned:
             self.keep_alive = keep_alive
         self._notify()
 
@@ -249,4 +255,5 @@ class Runner:
             keep_alive=self.keep_alive,
             expires_at=self.expires_at(),
             pid=self.engine.pid if self.engine is not None else None,
+            pinned=self.pinned,
         )

@@ -36,6 +36,7 @@ from ..engines.protocol import Engine, EngineFactory, LoadSpec
 from ..errors import (
     GGUFError,
     InsufficientMemoryError,
+    ModelLimitError,
     ModelNotFoundError,
     OllamatrioError,
     OutOfMemoryError,
@@ -46,6 +47,7 @@ from ..errors import (
 )
 from ..gguf import GGUFInfo
 from ..memory import Estimate, MemoryOptions, estimate, gpu_context_reserve
+from ..model_config import ModelConfig
 from .calibration import VramCalibration
 from .events import EventHub, EvictReason, SchedulerEvent
 from .options import LoadOptions, default_context_length, needs_reload, resolve_load_options
@@ -143,8 +145,10 @@ class Scheduler:
         engines: EngineFactory,
         devices: DeviceSource,
         nursery: trio.Nursery,
+        models: ModelConfig | None = None,
     ) -> None:
         self.settings = settings
+        self.models = models or ModelConfig()  # per-model settings (OLLAMATRIO_CONFIG)
         self._engines = engines
         self._devices = devices
         self._nursery = nursery
@@ -343,7 +347,7 @@ class Scheduler:
             pending.load = replace(load, num_ctx=smaller, num_batch=min(load.num_batch, smaller))
             log.warning("load ran out of memory; retrying with num_ctx=%d", smaller)
             return True
-        if any(r.key != pending.request.key for r in self._runners.values()):
+        if any(r.key != pending.request.key and not r.pinned for r in self._runners.values()):
             pending.evict_others = True
             log.warning("load ran out of memory; retrying after unloading other models")
             return True
@@ -368,6 +372,10 @@ class Scheduler:
             sum(g.total for g in inventory.gpus),
             self.settings.gpu_overhead,
         )
+        for name, configured in self.models.models.items():
+            if configured.gpus and not any(configured.allows(g) for g in inventory.gpus):
+                log.warning("model %s: none of its gpus %s is present; it will run on the CPU",
+                            name, list(configured.gpus))  # fmt: skip
 
     @property
     def default_context_length(self) -> int:
@@ -379,12 +387,17 @@ class Scheduler:
         return self._max_models
 
     def _load_options(self, request: ModelRequest, info: GGUFInfo) -> LoadOptions:
+        # The model's configured values stand in for the server-wide ones; the request's
+        # options (model parameters included) still win.
+        configured = self.models.lookup(request.name)
         return resolve_load_options(
             request.options,
-            default_num_ctx=self._default_ctx,
-            context_length_configured=self.settings.context_length > 0,
+            default_num_ctx=configured.num_ctx or self._default_ctx,
+            context_length_configured=(
+                self.settings.context_length > 0 or configured.num_ctx is not None
+            ),
             train_ctx=info.context_length,
-            num_parallel=self.settings.num_parallel,
+            num_parallel=configured.num_parallel or self.settings.num_parallel,
             embedding_only=request.embedding_only,
             architecture=info.architecture,
             has_projector=request.projector is not None,
@@ -402,7 +415,8 @@ class Scheduler:
 
     def _expire_idle_runners(self) -> None:
         for runner in self._runners.values():
-            self._evict(runner, "oom")
+            if not runner.pinned:
+                self._evict(runner, "oom")
 
     # -- the placement task -------------------------------------------------------------
 
@@ -491,9 +505,13 @@ class Scheduler:
         active = [r for r in self._runners.values() if r.state is not RunnerState.UNLOADING]
         going = {r for r in active if r.evicting}
         staying = [r for r in active if r not in going]
+        evictable = [r for r in staying if not r.pinned]
+        allowed = self._allowed_gpus(request, inventory)
 
         def fits(gone: set[Runner], *, partial: bool) -> Placement | None:
             rooms, host = self._room(inventory, gone | going, reserved)
+            if allowed is not None:
+                rooms = [room for room in rooms if room.id in allowed]
             return choose_placement(
                 est,
                 rooms,
@@ -505,8 +523,8 @@ class Scheduler:
                 allow_partial=partial,
             )
 
-        if pending.evict_others and staying:
-            return _Evict(tuple(staying), fits(set(staying), partial=True), "oom")
+        if pending.evict_others and evictable:
+            return _Evict(tuple(evictable), fits(set(evictable), partial=True), "oom")
 
         unloading = len(self._runners) - len(active)
         # Count limit (B11/B12): runners on their way out still count until they are gone,
@@ -517,7 +535,9 @@ class Scheduler:
             if going or unloading or promised:
                 return _Evict((), None, "count")
             victims = self._eviction_order(staying)
-            return _Evict((victims[0],), None, "count") if victims else _Evict((), None, "count")
+            if not victims:  # every resident model is pinned: waiting would be forever
+                return _Fail(self._all_pinned(request))
+            return _Evict((victims[0],), None, "count")
 
         if not staying and not going:
             # Alone (B33): anything that fits, partial offload or CPU included.
@@ -531,7 +551,7 @@ class Scheduler:
             return _Load(placement)
         # Would it sit fully on the GPUs if others made room?  Then evict rather than
         # offload partially (Ollama's requireFull for a second model, B33/B36).
-        full_alone = fits(set(staying), partial=False)
+        full_alone = fits(set(evictable), partial=False)
         if full_alone is None:
             placement = fits(set(), partial=True)
             if placement is not None:
@@ -541,7 +561,8 @@ class Scheduler:
         if victims is None:
             if going:
                 return _Evict((), None)  # room is on its way
-            return _Fail(self._too_big(request, est))
+            pinned = [r for r in staying if r.pinned]
+            return _Fail(self._too_big(request, est, pinned))
         return _Evict(victims, fits(set(victims), partial=partial))
 
     def _minimal_victims(self, candidates: list[Runner], fits: Any) -> tuple[Runner, ...] | None:
@@ -569,8 +590,19 @@ class Scheduler:
         least recently used.  With equal keep_alive that is least recently used first.
         Unlike B29 (shortest keep_alive, then file path), a model used a second ago is not
         evicted before one idle for minutes.  A runner that must never be evicted belongs
-        out of this order (filtered here, before sorting), not ranked last in it."""
-        return sorted(runners, key=lambda r: (r.refs > 0 or r.waiters > 0, r.expiry(), r.last_used))
+        out of this order (filtered here, before sorting), not ranked last in it: a pinned
+        one."""
+        return sorted(
+            (r for r in runners if not r.pinned),
+            key=lambda r: (r.refs > 0 or r.waiters > 0, r.expiry(), r.last_used),
+        )
+
+    def _allowed_gpus(self, request: ModelRequest, inventory: Inventory) -> set[str] | None:
+        """The GPUs this model may use (its ``gpus`` setting), or None for any of them."""
+        configured = self.models.lookup(request.name)
+        if configured.gpus is None:
+            return None
+        return {gpu.id for gpu in inventory.gpus if configured.allows(gpu)}
 
     def _room(
         self, inventory: Inventory, gone: set[Runner], reserved: Iterable[Placement]
@@ -614,17 +646,30 @@ class Scheduler:
         return rooms, host_free
 
     @staticmethod
-    def _too_big(request: ModelRequest, est: Estimate) -> InsufficientMemoryError:
+    def _too_big(
+        request: ModelRequest, est: Estimate, pinned: Sequence[Runner] = ()
+    ) -> InsufficientMemoryError:
+        names = ", ".join(sorted(r.name for r in pinned))
+        held = f" (pinned models are never evicted: {names})" if pinned else ""
         return InsufficientMemoryError(
             f"model {request.name} requires more system memory "
-            f"({est.total / 2**30:.1f} GiB) than is available"
+            f"({est.total / 2**30:.1f} GiB) than is available{held}"
+        )
+
+    def _all_pinned(self, request: ModelRequest) -> ModelLimitError:
+        return ModelLimitError(
+            f"cannot load {request.name}: the {len(self._runners)} loaded models are pinned "
+            f"and at most {self._max_models} may be loaded (OLLAMA_MAX_LOADED_MODELS)"
         )
 
     # -- runner tasks -------------------------------------------------------------------
 
     def _start_runner(self, pending: _Pending, placement: Placement) -> Runner:
         request, load = pending.request, pending.load
+        configured = self.models.lookup(request.name)
         keep_alive = request.keep_alive
+        if keep_alive is None:
+            keep_alive = configured.keep_alive
         if keep_alive is None:
             keep_alive = self.settings.keep_alive
         use_mmap = load.use_mmap if load.use_mmap is not None else not placement.on_cpu_only
@@ -659,6 +704,7 @@ class Scheduler:
             keep_alive=keep_alive,
             adapters=request.adapters,
             projector=request.projector,
+            pinned=configured.pinned,
         )
         self._runners[runner.key] = runner
         self._publish("loading", runner.name, runner.key, completed=0, total=runner.memory.total)
@@ -744,8 +790,10 @@ async def open_scheduler(
     *,
     engines: EngineFactory | None = None,
     devices: DeviceSource | None = None,
+    models: ModelConfig | None = None,
 ) -> AsyncIterator[Scheduler]:
-    """Run a scheduler for the duration of the block; on exit every runner is unloaded."""
+    """Run a scheduler for the duration of the block; on exit every runner is unloaded.
+    ``models`` holds the per-model settings (none by default)."""
     settings = settings or Settings.from_env()
     if devices is None:
         devices = open_device_source(settings)
@@ -754,7 +802,7 @@ async def open_scheduler(
 
         engines = default_engine_factory(settings, devices)
     async with trio.open_nursery() as nursery:
-        sched = Scheduler(settings, engines, devices, nursery)
+        sched = Scheduler(settings, engines, devices, nursery, models)
         await sched._freeze_limits()
         await nursery.start(sched._placement_loop)
         try:
