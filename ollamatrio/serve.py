@@ -26,10 +26,13 @@ from .engines.capability import engine_device_source
 from .engines.protocol import EngineFactory
 from .errors import OllamatrioError
 from .log import configure_logging
+from .model_config import ConfigError, ModelConfig, load_model_config
 from .runner.folders import remove_stale_runner_folders
 from .scheduler import open_scheduler
 from .server import create_app
 from .server.app import drain_of
+from .server.models import ApiContext
+from .server.preload import preload_models, warn_missing_models
 from .store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -125,19 +128,29 @@ async def serve(
     engines: EngineFactory | None = None,
     devices: DeviceSource | None = None,
     listener: socket.socket | None = None,
+    model_config: ModelConfig | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until ``shutdown_trigger`` returns (or forever); ``started()`` gets the URLs.
 
     ``engines`` and ``devices`` default to what the settings ask for (embedders and tests
     may pass their own); ``listener`` is a socket already listening (:func:`listen`),
-    served instead of binding ``settings.bind``."""
+    served instead of binding ``settings.bind``; ``model_config`` defaults to the file
+    ``settings.config_path`` names.  Models marked ``preload`` load in the background,
+    after the listener is up.
+
+    Raises:
+        ConfigError: ``model_config`` was not given and the file cannot be used.
+    """
+    if model_config is None:
+        model_config = await trio.to_thread.run_sync(load_model_config, settings.config_path)
     store = await trio.to_thread.run_sync(
         lambda: ModelStore(settings.models_dir, noprune=settings.noprune)
     )
     pruned = await trio.to_thread.run_sync(store.prune)
     if pruned.blobs_removed:
         log.info("removed %d unused blobs", pruned.blobs_removed)
+    await warn_missing_models(store, model_config)
     # Runners killed together with an earlier server left their folders behind.
     await trio.to_thread.run_sync(remove_stale_runner_folders)
     if devices is None and engines is None:
@@ -151,12 +164,17 @@ async def serve(
             await shutdown_trigger()
         stopping.set()
 
-    async with open_scheduler(settings, engines=engines, devices=devices) as scheduler:
+    async with open_scheduler(
+        settings, engines=engines, devices=devices, models=model_config
+    ) as scheduler:
         app = create_app(scheduler, store, settings)
         try:
             async with trio.open_nursery() as nursery:
                 # Requests still running when the grace period ends are told why they end.
                 nursery.start_soon(drain_of(app).cut_after, stopping, GRACEFUL_TIMEOUT)
+                # Never delays the listener: loads go on while requests are served.
+                context = ApiContext(scheduler=scheduler, store=store, settings=settings)
+                nursery.start_soon(preload_models, context, model_config)
                 await hypercorn_serve(
                     app,  # type: ignore[arg-type]
                     hypercorn_config(settings, listener),
@@ -179,12 +197,15 @@ async def _set_on_signal(stop: trio.Event) -> None:
             return
 
 
-async def _serve_until_signal(settings: Settings, listener: socket.socket) -> None:
+async def _serve_until_signal(
+    settings: Settings, listener: socket.socket, model_config: ModelConfig
+) -> None:
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_set_on_signal, stop)
         binds = await nursery.start(lambda task_status: serve(
-            settings, shutdown_trigger=stop.wait, listener=listener, task_status=task_status
+            settings, shutdown_trigger=stop.wait, listener=listener,
+            model_config=model_config, task_status=task_status,
         ))  # fmt: skip
         log.info("Listening on %s (version %s)", ", ".join(binds), _version())
         await stop.wait()
@@ -201,11 +222,16 @@ def run_server(settings: Settings | None = None) -> None:
     """Process entry point: logging from OLLAMA_DEBUG, serve until SIGINT/SIGTERM.
 
     Raises:
-        StartupError: the address cannot be listened on or the model store cannot be used
-            (checked in that order, before anything else starts).
+        StartupError: the config file (``OLLAMATRIO_CONFIG``) is unusable, the address cannot
+            be listened on or the model store cannot be used (checked in that order, before
+            anything else starts).
     """
     settings = settings or Settings.from_env()
     configure_logging(settings)
+    try:
+        model_config = load_model_config(settings.config_path)
+    except ConfigError as exc:
+        raise StartupError(str(exc)) from None
     with listen(settings) as listener:
         check_models_dir(settings.models_dir)
-        trio.run(_serve_until_signal, settings, listener)
+        trio.run(_serve_until_signal, settings, listener, model_config)

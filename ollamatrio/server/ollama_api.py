@@ -266,6 +266,7 @@ class OllamaApi:
                         "queued": info.queued,
                         "active": info.active,
                         "slots": info.num_parallel,
+                        "pinned": info.pinned,
                     }
                     for info in self.ctx.scheduler.ps()
                 ]
