@@ -4,6 +4,7 @@ clear line for every way the file can be wrong."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,16 @@ def test_settings_take_the_path_from_ollamatrio_config() -> None:
     assert Settings.from_env({"OLLAMATRIO_CONFIG": "  "}).config_path is None
     path = Settings.from_env({"OLLAMATRIO_CONFIG": "/srv/o.toml"}).config_path
     assert path == Path("/srv/o.toml")
+
+
+def test_the_example_in_the_docs_parses() -> None:
+    docs = Path(__file__).resolve().parent.parent / "docs" / "scheduling.md"
+    (example,) = re.findall(r"```toml\n(.*?)```", docs.read_text(), re.DOTALL)
+    config = parse(example)
+    assert config.lookup("llama3.2:3b") == ModelSettings(
+        num_parallel=4, num_ctx=16384, keep_alive=3600.0, preload=True, gpus=(0, 1)
+    )
+    assert config.lookup("nomic-embed-text:latest") == ModelSettings(
+        pinned=True, preload=True, gpus=()
+    )
+    assert config.preloads == ["llama3.2:3b", "nomic-embed-text"]
