@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import parse_duration, parse_keep_alive
+from .config import parse_keep_alive
 from .devices import GpuInfo
 from .errors import InvalidRequestError, OllamatrioError
 from .store.names import InvalidModelNameError, ModelName
@@ -236,9 +236,7 @@ def _keep_alive(value: object) -> float:
                          f"{_type_name(value)}")  # fmt: skip
     if isinstance(value, str) and _INT.fullmatch(value.strip()):
         value = int(value.strip())
-    elif isinstance(value, str):
-        parse_duration(value)  # Go's own message for a bad duration
-    try:
+    try:  # a bad duration gets Go's own message
         seconds = parse_keep_alive(value)
     except InvalidRequestError as exc:
         raise ValueError(str(exc)) from None
