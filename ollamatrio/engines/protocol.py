@@ -146,6 +146,10 @@ class Engine(Protocol):
 
     async def healthy(self) -> bool: ...
 
+    async def metrics(self) -> str:
+        """The engine's own counters in Prometheus text format (llama.cpp's ``/metrics``)."""
+        ...
+
 
 class EngineFactory(Protocol):
     def open(self, spec: LoadSpec) -> AbstractAsyncContextManager[Engine]: ...

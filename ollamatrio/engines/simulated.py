@@ -23,6 +23,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..devices import SimulatedDevices
 from ..errors import InvalidRequestError, OutOfMemoryError, RunnerCrashedError, RunnerStartError
@@ -88,6 +90,10 @@ class SimulatedEngine:
         self._crashed = trio.Event()
         self.active_streams = 0
         self.completed_streams = 0
+        self.prompt_tokens = 0
+        self.predicted_tokens = 0
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(self)
 
     @property
     def spec(self) -> LoadSpec:
@@ -129,6 +135,7 @@ class SimulatedEngine:
         prompt = request.prompt or " ".join(str(m.get("content", "")) for m in messages)
         n_prompt = max(1, len(prompt.split()))
         await trio.sleep(n_prompt / b.prompt_tokens_per_second)
+        self.prompt_tokens += n_prompt
         limit = int(request.options.get("num_predict", -1) or -1)
         n_tokens = b.default_num_predict if limit < 0 else min(limit, 10 * self._spec.num_ctx)
         seed = int.from_bytes(hashlib.blake2b(prompt.encode(), digest_size=4).digest(), "little")
@@ -140,6 +147,7 @@ class SimulatedEngine:
             if b.oom_at_runtime:
                 raise OutOfMemoryError("CUDA error: out of memory")
             await trio.sleep(1.0 / b.tokens_per_second)
+            self.predicted_tokens += 1
             yield Chunk(content=" " + _WORDS[(seed + i) % len(_WORDS)])
         self.completed_streams += 1
         yield Chunk(
@@ -180,6 +188,28 @@ class SimulatedEngine:
 
     async def healthy(self) -> bool:
         return not self._crashed.is_set()
+
+    async def metrics(self) -> str:
+        """A few of llama.cpp's ``/metrics`` series, under its names, from this engine's
+        counts: so the server's re-export of runner metrics works without a runner."""
+        self._check_alive()
+        return generate_latest(self._registry).decode()
+
+    def collect(self) -> list[Metric]:  # prometheus_client's collector protocol
+        return [
+            CounterMetricFamily(
+                "llamacpp:prompt_tokens", "Number of prompt tokens processed",
+                value=self.prompt_tokens,
+            ),
+            CounterMetricFamily(
+                "llamacpp:tokens_predicted", "Number of generation tokens processed",
+                value=self.predicted_tokens,
+            ),
+            GaugeMetricFamily(
+                "llamacpp:requests_processing", "Number of requests processing",
+                value=self.active_streams,
+            ),
+        ]  # fmt: skip
 
 
 class SimulatedEngineFactory:

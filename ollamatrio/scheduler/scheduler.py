@@ -91,6 +91,7 @@ class Lease:
 
     runner: Runner
     load_duration: float  # seconds spent waiting for a load (Ollama's load_duration)
+    waited: float = 0.0  # seconds from asking to holding a slot: queue, load and slot waits
 
     @property
     def engine(self) -> Engine:
@@ -178,8 +179,9 @@ class Scheduler:
                 runner.slots.acquire_nowait()
             except trio.WouldBlock:
                 await self._wait_for_slot(runner)
+            waited = trio.current_time() - started
             try:
-                yield Lease(runner=runner, load_duration=load_duration)
+                yield Lease(runner=runner, load_duration=load_duration, waited=waited)
             except OutOfMemoryError:
                 self._expire_idle_runners()  # B50
                 raise
@@ -221,6 +223,10 @@ class Scheduler:
         return sorted(
             infos, key=lambda i: math.inf if i.expires_at is None else i.expires_at, reverse=True
         )
+
+    def runners(self) -> list[Runner]:
+        """Every runner the scheduler holds (loading, ready, unloading); for metrics."""
+        return list(self._runners.values())
 
     def runner(self, model_path: str, *, embedding: bool | None = None) -> Runner | None:
         """The resident (or loading) runner for a model file, if any: in embedding mode or

@@ -23,6 +23,7 @@ from .cors import CorsAnswer, OriginPolicy, cors_answer
 from .drain import Drain
 from .errors import response_for
 from .fastpath import GenerationRoutes
+from .metrics import CONTENT_TYPE, OTHER_ENDPOINT, ServerMetrics
 from .models import ApiContext
 from .ollama_api import OllamaApi
 from .openai_api import OpenAiApi, openai_error_response
@@ -124,7 +125,8 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
         MAX_CONTENT_LENGTH=None,  # JSON bodies are limited when read (requests.read_json)
         PROVIDE_AUTOMATIC_OPTIONS=False,  # preflights are answered below
     )
-    ctx = ApiContext(scheduler=scheduler, store=store, settings=settings)
+    metrics = ServerMetrics(scheduler)
+    ctx = ApiContext(scheduler=scheduler, store=store, settings=settings, metrics=metrics)
     drain = app.drain
     app.extensions["ollamatrio"] = ctx
     OllamaApi(ctx).register(app)
@@ -162,6 +164,17 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
         for name, value in cors().headers:
             response.headers.add(name, value)
         return response
+
+    @app.after_request
+    async def count_request(response: Response) -> Response:
+        rule = request.url_rule
+        endpoint = rule.rule if rule is not None else OTHER_ENDPOINT
+        metrics.request_done(endpoint, response.status_code)
+        return response
+
+    @app.route("/metrics", methods=["GET"])
+    async def prometheus_metrics() -> Response:
+        return Response(await metrics.render(), content_type=CONTENT_TYPE)
 
     @app.after_request
     async def guard_stream(response: Response) -> Response:

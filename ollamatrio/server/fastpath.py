@@ -105,7 +105,9 @@ class GenerationRoutes:
         model_request, model, info = prepared
         empty = not req.messages if isinstance(req, ChatRequest) else not (req.prompt or req.images)
         if native and empty:
-            await self.ctx.scheduler.load(model_request)
+            lease = await self.ctx.scheduler.load(model_request)
+            if self.ctx.metrics is not None:
+                self.ctx.metrics.lease_taken(lease)
             return Plan(response=json_response(self._native._done(req, "load")))
         if isinstance(req, ChatRequest):
             completion = chat_completion(req, model, info, model_request.options)
@@ -163,6 +165,7 @@ class _Exchange:
         self.host = headers.get("host", b"").decode("latin-1")
         self.cors_headers: list[tuple[str, str]] = []
         self.encoder: Encoder | None = None
+        self.generation: Generation | None = None  # once a lease is held
         self.arrived = trio.current_time()
 
     # -- sending ------------------------------------------------------------------------
@@ -214,8 +217,13 @@ class _Exchange:
         try:
             await self.exchange(route)
         finally:
-            # The access line, once the answer is complete (as Ollama's, with the duration),
-            # so it costs nothing before the first token.
+            # The access line and the metrics, once the answer is complete (as Ollama's
+            # line, with the duration), so they cost nothing before the first token.
+            metrics = self.routes.ctx.metrics
+            if metrics is not None:
+                metrics.request_done(self.scope["path"], self.status)
+                if self.generation is not None:
+                    metrics.generation_done(self.generation)
             if self.status is not None:
                 log.info(
                     "%s %s %d %.3fs", self.scope["method"], self.scope["path"], self.status,
@@ -262,6 +270,7 @@ class _Exchange:
             await self.respond(plan.response)
             return
         async with plan.generation as gen:
+            self.generation = gen
             if plan.fold is not None:
                 fold = Fold()
                 while batch := await gen.next_batch():

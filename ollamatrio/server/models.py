@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -18,6 +18,9 @@ from ..modelfile import Message, Modelfile, render_modelfile, render_parameters
 from ..scheduler import ModelRequest, Scheduler
 from ..store import Model, ModelStore, parse_name
 from .wire import rfc3339
+
+if TYPE_CHECKING:
+    from .metrics import ServerMetrics
 
 # Ollama empties metadata arrays longer than this in /api/show unless ``verbose``.
 SHOW_ARRAY_LIMIT = 5
@@ -37,6 +40,7 @@ class ApiContext:
     scheduler: Scheduler
     store: ModelStore
     settings: Settings
+    metrics: ServerMetrics | None = None  # create_app's; None where a test builds a context
     # Resolved models by the name asked for, and the model list, each with the trio time
     # they were read and the store generation they were read at.
     _models: dict[str, tuple[float, int, Model]] = field(default_factory=dict)

@@ -184,10 +184,15 @@ class OllamaApi:
         merged = merge_options(model.params, options)
         # Any model can embed: a chat model gets a runner of its own in embedding mode.
         model_request = self.ctx.model_request(model, merged, keep_alive, caps, embedding=True)
+        metrics = self.ctx.metrics
         async with self.ctx.scheduler.lease(model_request) as lease:
+            if metrics is not None:
+                metrics.lease_taken(lease)
             if not inputs:
                 return [], 0, lease.load_duration, trio.current_time() - started
             result = await lease.engine.embed(inputs, truncate=truncate, dimensions=dimensions)
+        if metrics is not None:
+            metrics.tokens_counted(lease.runner.name, result.prompt_eval_count)
         return (
             result.vectors,
             result.prompt_eval_count,

@@ -36,6 +36,7 @@ class Generation:
         self._next = getattr(stream, "next_batch", None)
         self.started = started
         self.final: Chunk | None = None  # the done chunk, once seen
+        self.first_content_at: float | None = None  # trio time of the first content (TTFT)
 
     @property
     def load_duration(self) -> float:
@@ -55,6 +56,8 @@ class Generation:
                 batch = []
         if not batch:
             batch = [Chunk(done=True, done_reason="stop")]
+        if self.first_content_at is None and any(_content(c) for c in batch):
+            self.first_content_at = trio.current_time()
         for i, chunk in enumerate(batch):
             if chunk.done:
                 self.final = chunk
@@ -71,6 +74,10 @@ class Generation:
             "eval_count": chunk.eval_count,
             "eval_duration": chunk.eval_duration,
         }
+
+
+def _content(chunk: Chunk) -> bool:
+    return bool(chunk.content or chunk.thinking or chunk.tool_calls)
 
 
 @asynccontextmanager
