@@ -26,6 +26,7 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from ..errors import OllamatrioError
 from ..scheduler.runner import RunnerState
@@ -113,7 +114,6 @@ class ServerMetrics:
         )  # fmt: skip
         self.runners = RunnerSeries(scheduler, scrape_errors)
         registry.register(SchedulerState(scheduler))
-        registry.register(self.runners)
         scheduler.events.add_listener(self.on_event)
 
     # -- observations (synchronous, once per event or request) --------------------------
@@ -159,10 +159,10 @@ class ServerMetrics:
     async def render(self) -> bytes:
         """The whole exposition, runner series included (fetched at most once per TTL)."""
         await self.runners.refresh()
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + self.runners.text
 
 
-class SchedulerState:
+class SchedulerState(Collector):
     """Collector: gauges read from the scheduler at scrape time."""
 
     def __init__(self, scheduler: Scheduler) -> None:
@@ -217,10 +217,11 @@ def _add_memory(totals: dict[tuple[str, str, str], int], runner: Runner) -> None
             add(gpu, "measured", nbytes)
 
 
-class RunnerSeries:
-    """Collector: every ready runner's own series (llama.cpp's ``/metrics``), with ``model``
-    and ``mode`` (generate or embedding) labels added.  :meth:`refresh` fetches them; a
-    runner that fails or is slow is skipped and counted in ``scrape_errors``."""
+class RunnerSeries(Collector):
+    """Every ready runner's own series (llama.cpp's ``/metrics``), with ``model`` and
+    ``mode`` (generate or embedding) labels added.  :meth:`refresh` fetches them and
+    renders :attr:`text` once, so the scrapes that share a fetch only copy bytes; a runner
+    that fails or is slow is skipped and counted in ``scrape_errors``."""
 
     def __init__(
         self, scheduler: Scheduler, scrape_errors: Counter, *,
@@ -231,11 +232,14 @@ class RunnerSeries:
         self.timeout = timeout
         self.ttl = ttl
         self._families: list[Metric] = []
+        self.text = b""  # the families in the exposition format
+        # Each runner's last text and its parse: an idle runner's text does not change.
+        self._parsed: dict[Runner, tuple[str, list[Metric]]] = {}
         self._fresh_until = -math.inf
         self._fetched_from: list[Runner] = []  # the ready runners of the last fetch
         self._refreshing: trio.Event | None = None
 
-    def collect(self) -> Iterable[Metric]:
+    def collect(self) -> Iterable[Metric]:  # the collector protocol, to render text
         return self._families
 
     async def refresh(self) -> None:
@@ -257,6 +261,8 @@ class RunnerSeries:
                 for runner in ready:
                     nursery.start_soon(self._fetch, runner, fetched)
             self._families = _merge(fetched)
+            self.text = generate_latest(self)
+            self._parsed = {r: self._parsed[r] for r in ready if r in self._parsed}
             self._fetched_from = ready
             self._fresh_until = trio.current_time() + self.ttl
         finally:
@@ -268,7 +274,10 @@ class RunnerSeries:
         with trio.move_on_after(self.timeout):
             try:
                 text = await runner.engine.metrics()
-                into.append((runner, list(text_string_to_metric_families(text))))
+                last = self._parsed.get(runner)
+                if last is None or last[0] != text:
+                    last = self._parsed[runner] = (text, list(text_string_to_metric_families(text)))
+                into.append((runner, last[1]))
                 return
             except (OllamatrioError, ValueError) as exc:  # ValueError: unparsable text
                 log.debug("metrics of runner %s skipped: %s", runner.name, exc)
