@@ -146,6 +146,9 @@ async def main(args: argparse.Namespace) -> None:
         server = await trio.lowlevel.open_process(
             [sys.executable, "-m", "ollamatrio", "serve"],
             env=env,
+            # ``python -m`` puts the working directory ahead of PYTHONPATH: run from the
+            # other checkout, or this checkout's package is the one imported.
+            cwd=args.server_path or None,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
