@@ -412,7 +412,7 @@ class RecordingEngines:
         self.requests: list[CompletionRequest] = []
 
     @asynccontextmanager
-    async def open(self, spec: LoadSpec) -> AsyncIterator[_RecordingEngine]:
+    async def open(self, spec: LoadSpec, **_: Any) -> AsyncIterator[_RecordingEngine]:
         async with self.inner.open(spec) as engine:
             yield _RecordingEngine(engine, self.requests)
 

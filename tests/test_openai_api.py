@@ -109,7 +109,7 @@ class ScriptedEngines:
         self.requests: list[CompletionRequest] = []
 
     @asynccontextmanager
-    async def open(self, spec: LoadSpec) -> AsyncIterator[ScriptedEngine]:
+    async def open(self, spec: LoadSpec, **_: Any) -> AsyncIterator[ScriptedEngine]:
         async with self.inner.open(spec) as engine:
             yield ScriptedEngine(engine, self.requests)
 

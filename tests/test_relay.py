@@ -38,7 +38,7 @@ class BatchedEngines(SimulatedEngineFactory):
         self.released = trio.Event()
 
     @asynccontextmanager
-    async def open(self, spec: LoadSpec) -> AsyncIterator[Any]:
+    async def open(self, spec: LoadSpec, **_: Any) -> AsyncIterator[Any]:
         async with super().open(spec) as engine:
             stream = self.stream
 

@@ -642,10 +642,10 @@ async def test_load_oom_retries_with_smaller_automatic_context(autojump_clock, m
         original_open = engines.open
 
         @asynccontextmanager
-        async def open_ok_when_small(spec):
+        async def open_ok_when_small(spec, **kw):
             if spec.num_ctx <= 4096:
                 engines.models.clear()
-            async with original_open(spec) as engine:
+            async with original_open(spec, **kw) as engine:
                 yield engine
 
         engines.open = open_ok_when_small  # type: ignore[method-assign]

@@ -50,10 +50,12 @@ from ollamatrio.engines.llamacpp_wire import (
     is_embedding_input_limit,
     raise_for_error,
 )
+from ollamatrio.engines.load_watch import watch_file_reads
 from ollamatrio.engines.protocol import (
     Chunk,
     CompletionRequest,
     Embeddings,
+    LoadProgress,
     LoadSpec,
     MemoryUsage,
 )
@@ -150,7 +152,9 @@ class ProcessEngineFactory:
         return env
 
     @asynccontextmanager
-    async def open(self, spec: LoadSpec) -> AsyncIterator[ProcessEngine]:
+    async def open(
+        self, spec: LoadSpec, *, progress: LoadProgress | None = None
+    ) -> AsyncIterator[ProcessEngine]:
         socket_dir, owner_fd = make_runner_folder()  # mode 0700, locked by us and the runner
         config = RunnerConfig(
             spec=spec,
@@ -160,7 +164,7 @@ class ProcessEngineFactory:
             verbosity=self.verbosity,
             cache_ram_mib=self.cache_ram_mib,
         )
-        engine = ProcessEngine(config, self, owner_fd=owner_fd)
+        engine = ProcessEngine(config, self, owner_fd=owner_fd, progress=progress)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(engine._supervise)
@@ -481,7 +485,12 @@ class ProcessEngine(RunnerClient):
     """A model loaded in a runner subprocess; valid inside its factory's ``open`` block."""
 
     def __init__(
-        self, config: RunnerConfig, factory: ProcessEngineFactory, *, owner_fd: int | None = None
+        self,
+        config: RunnerConfig,
+        factory: ProcessEngineFactory,
+        *,
+        owner_fd: int | None = None,
+        progress: LoadProgress | None = None,
     ) -> None:
         super().__init__(
             name=config.spec.name,
@@ -500,6 +509,7 @@ class ProcessEngine(RunnerClient):
         self._process: trio.Process | None = None
         self._closing = False
         self._killed_for: str | None = None  # why we killed a runner that still served
+        self._progress = progress
         self.ready: dict[str, Any] = {}  # the runner's ready line
 
     # -- Engine protocol: facts --------------------------------------------------------
@@ -548,7 +558,17 @@ class ProcessEngine(RunnerClient):
                 await process.stdin.send_all(self._config.to_json().encode() + b"\n")
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # it died at once; the ready wait reports why
-            self.ready = await self._wait_ready(process)
+            watching = trio.CancelScope()
+            if self._progress is not None:
+                total = (await trio.Path(self._spec.model_path).stat()).st_size
+                self._progress(0, total)
+                nursery.start_soon(self._watch_load, process.pid, total, watching)
+            try:
+                self.ready = await self._wait_ready(process)
+            finally:
+                watching.cancel()
+            if self._progress is not None:
+                self._progress(total, total)
             self._context_length = int(self.ready.get("context_length") or self._spec.num_ctx)
             async with open_runner_http(self.ready["socket"], self._config.api_key) as http:
                 self._http = http
@@ -575,6 +595,12 @@ class ProcessEngine(RunnerClient):
             )
         finally:
             self._exited.set()
+
+    async def _watch_load(self, pid: int, total: int, scope: trio.CancelScope) -> None:
+        """Report how much of the model file the runner has read, until it is ready."""
+        assert self._progress is not None
+        with scope:
+            await watch_file_reads(pid, self._spec.model_path, total, self._progress)
 
     async def _terminate_then_kill(self, process: trio.Process) -> None:
         process.terminate()

@@ -1,8 +1,9 @@
 """What a loaded model offers the rest of the server.
 
 An *engine factory* opens one loaded model (an :class:`Engine`) for a :class:`LoadSpec`.
-``factory.open(spec)`` is an async context manager: entering it returns once the model
-is loaded and healthy (or raises :class:`~ollamatrio.errors.RunnerStartError`), leaving it
+``factory.open(spec, progress=...)`` is an async context manager: entering it returns once
+the model is loaded and healthy, telling the optional ``progress`` callback how far the load
+has come on the way (or raises :class:`~ollamatrio.errors.RunnerStartError`), leaving it
 unloads the model and frees everything.  If the model dies while the context is open
 (the runner process crashed), the body of the ``async with`` is cancelled and
 :class:`~ollamatrio.errors.RunnerCrashedError` comes out of it, so the scheduler's runner
@@ -14,7 +15,7 @@ llama.cpp) and :mod:`ollamatrio.engines.simulated` (for tests, demos and benchma
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -151,5 +152,13 @@ class Engine(Protocol):
         ...
 
 
+# Told ``(completed, total)`` in bytes of model data as a load advances (synchronously, from
+# the opener's task; it must be cheap).  Engines report what they can see: at least the
+# start (0) and, once loaded, ``total``.
+LoadProgress = Callable[[int, int], None]
+
+
 class EngineFactory(Protocol):
-    def open(self, spec: LoadSpec) -> AbstractAsyncContextManager[Engine]: ...
+    def open(
+        self, spec: LoadSpec, *, progress: LoadProgress | None = None
+    ) -> AbstractAsyncContextManager[Engine]: ...

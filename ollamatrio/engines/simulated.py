@@ -32,7 +32,9 @@ from ..gguf import GGUFInfo
 from ..memory import MemoryOptions, estimate, gpu_context_reserve, plan_layout
 from ..model_info import read_model_info
 from .llamacpp_wire import EMBED_INPUT_TOO_LONG
-from .protocol import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage
+from .protocol import Chunk, CompletionRequest, Embeddings, LoadProgress, LoadSpec, MemoryUsage
+
+LOAD_STEPS = 10  # progress reports over a simulated load (like 10 % steps of a real one)
 
 _WORDS = (
     "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog",
@@ -260,11 +262,13 @@ class SimulatedEngineFactory:
         return MemoryUsage(total=layout.host_bytes + sum(vram.values()), vram_by_gpu=vram)
 
     @asynccontextmanager
-    async def open(self, spec: LoadSpec) -> AsyncIterator[SimulatedEngine]:
+    async def open(
+        self, spec: LoadSpec, *, progress: LoadProgress | None = None
+    ) -> AsyncIterator[SimulatedEngine]:
         behaviour = self.behaviour_for(spec)
         info = await read_model_info(spec.model_path)
         self.loads += 1
-        await trio.sleep(behaviour.load_seconds)
+        await _load(info.file_size, behaviour, progress)
         if behaviour.fail_load == "oom":
             raise OutOfMemoryError(f"{spec.name}: cudaMalloc failed: out of memory")
         if behaviour.fail_load:
@@ -291,6 +295,18 @@ class SimulatedEngineFactory:
                 del self.engines[spec.name]
             if self._devices is not None:
                 self._devices.release(owner)
+
+
+async def _load(total: int, behaviour: SimulatedBehaviour, progress: LoadProgress | None) -> None:
+    """Take ``load_seconds``, reading the file in equal steps; a failing load fails halfway."""
+    steps = LOAD_STEPS // 2 if behaviour.fail_load else LOAD_STEPS
+    for step in range(steps + 1):
+        if progress is not None:
+            progress(total * step // LOAD_STEPS, total)
+        if step < steps:
+            await trio.sleep(behaviour.load_seconds / LOAD_STEPS)
+    if behaviour.fail_load:
+        await trio.sleep(behaviour.load_seconds / 2)
 
 
 async def _watch_for_crash(engine: SimulatedEngine, scope: trio.CancelScope) -> None:

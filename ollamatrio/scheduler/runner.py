@@ -100,6 +100,7 @@ class Runner:
         self.scope = trio.CancelScope()  # the runner task's whole life
         self.slots = trio.Semaphore(load.num_parallel)
         self.load_started = trio.current_time()
+        self.load_progress = (0, 0)  # (completed, total) bytes of model data, while loading
         self.loaded_at = -math.inf
         # When the last lease was released (or the load finished, if none was yet): with
         # keep_alive, what the eviction order ranks idle runners by.

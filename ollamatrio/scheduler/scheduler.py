@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import trio
@@ -235,6 +236,17 @@ class Scheduler:
         if plain is not None or embedding is False:
             return plain
         return self._runners.get(model_path + EMBEDDING_KEY_SUFFIX)
+
+    def load_needed(self, request: ModelRequest) -> bool:
+        """Whether a lease for ``request`` would wait for a load, as far as can be told now
+        (the lease's fast path, without taking it)."""
+        runner = self._runners.get(request.key)
+        if runner is None or runner.state is not RunnerState.READY:
+            return True
+        info = model_info.cached(request.model_path)
+        return info is None or not self._compatible(
+            runner, request, self._load_options(request, info)
+        )
 
     def queue_depth(self) -> dict[str, int]:
         depth: dict[str, int] = {}
@@ -713,7 +725,10 @@ class Scheduler:
             pinned=configured.pinned,
         )
         self._runners[runner.key] = runner
-        self._publish("loading", runner.name, runner.key, completed=0, total=runner.memory.total)
+        runner.load_progress = (0, pending.info.file_size)
+        self._publish(
+            "loading", runner.name, runner.key, completed=0, total=runner.load_progress[1]
+        )
         self._nursery.start_soon(self._run_runner, runner, name=f"runner {request.name}")
         return runner
 
@@ -723,7 +738,8 @@ class Scheduler:
         vram_baseline: int | None = None  # free VRAM just before the runner exits
         try:
             with runner.scope:
-                async with self._engines.open(runner.spec) as engine:
+                progress = partial(self._load_progress, runner)
+                async with self._engines.open(runner.spec, progress=progress) as engine:
                     runner.loaded_at = trio.current_time()
                     runner.mark_ready(engine)
                     self.calibration.observe(
@@ -756,6 +772,13 @@ class Scheduler:
                 del self._runners[runner.key]
             self._publish("unloaded", runner.name, runner.key)
             self._wake()
+
+    def _load_progress(self, runner: Runner, completed: int, total: int) -> None:
+        """An engine's report: a ``loading`` event whenever the byte count moves."""
+        if runner.state is not RunnerState.LOADING or (completed, total) == runner.load_progress:
+            return
+        runner.load_progress = (completed, total)
+        self._publish("loading", runner.name, runner.key, completed=completed, total=total)
 
     def _runner_failed(self, runner: Runner, error: RunnerError) -> None:
         if runner.state is RunnerState.LOADING:

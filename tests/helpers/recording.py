@@ -18,7 +18,7 @@ class RecordingEngines(SimulatedEngineFactory):
         self.requests: list[CompletionRequest] = []
 
     @asynccontextmanager
-    async def open(self, spec: LoadSpec) -> AsyncIterator[Any]:
+    async def open(self, spec: LoadSpec, **_: Any) -> AsyncIterator[Any]:
         async with super().open(spec) as engine:
             complete = engine.complete
 
