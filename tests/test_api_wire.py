@@ -22,11 +22,12 @@ from ollamatrio.server.requests import MAX_JSON_BODY
 
 
 def lines_of(response: httpx.Response) -> list[dict[str, Any]]:
-    """Every line must be one JSON object: no blank lines, no SSE framing."""
+    """Every line must be one JSON object: no blank lines, no SSE framing.  The lines of a
+    load the stream waited for (tests/test_api_load_progress.py) are left out."""
     raw = response.text.split("\n")
     assert raw[-1] == ""  # each line ends in a newline
     assert all(line.strip() for line in raw[:-1]), "blank line in an NDJSON stream"
-    return [json.loads(line) for line in raw[:-1]]
+    return [obj for line in raw[:-1] if "load_progress" not in (obj := json.loads(line))]
 
 
 # -- framing and defaults ----------------------------------------------------------------
@@ -206,9 +207,15 @@ async def test_error_before_first_byte_keeps_its_status(api_server) -> None:
     with trio.fail_after(20):
         behaviour = SimulatedBehaviour(load_seconds=0.01, fail_load="error")
         async with api_server(behaviour=behaviour) as srv, httpx.AsyncClient(base_url=srv.url) as c:
-            r = await c.post("/api/generate", json={"model": "tiny", "prompt": "x"})
+            # A stream that waits for a load has started (progress lines): see
+            # test_api_load_progress.py.  /v1 streams send no progress, so keep the status.
+            r = await c.post(
+                "/v1/chat/completions",
+                json={"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                      "stream": True},
+            )  # fmt: skip
             assert r.status_code == 500
-            assert "error loading model" in r.json()["error"]
+            assert "error loading model" in r.json()["error"]["message"]
 
 
 async def test_error_mid_stream_is_one_final_line(api_server) -> None:
@@ -512,7 +519,8 @@ async def test_client_disconnect_frees_the_lease(api_server) -> None:
             ) as r:
                 async for line in r.aiter_lines():
                     assert json.loads(line)["done"] is False
-                    break
+                    if "load_progress" not in line:  # the load's lines come first
+                        break
                 (info,) = srv.scheduler.ps()
                 assert info.refs == 1
                 engine = srv.engines.engines["tiny:latest"]
@@ -631,6 +639,9 @@ async def test_client_gone_before_the_first_byte_returns_the_lease_at_once(
 
     async with api_server(behaviour=slow) as srv:
         with trio.fail_after(10):
+            # Loaded first: a stream that waits for a load sends its head before the lease.
+            async with httpx.AsyncClient(base_url=srv.url) as c:
+                await c.post("/api/generate", json={"model": "tiny"})
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(srv.app, scope, receive, send)
                 await head_sent.wait()

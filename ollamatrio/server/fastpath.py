@@ -25,6 +25,7 @@ from ..errors import OllamatrioError, ServerShuttingDownError
 from .cors import OriginPolicy, cors_answer
 from .drain import Drain
 from .errors import RequestTooLargeError, response_for
+from .load_lines import LoadAnnouncement, announcing_load
 from .models import ApiContext
 from .ollama_api import OllamaApi, chat_completion, generate_completion, json_response
 from .openai_api import openai_error_response
@@ -57,6 +58,7 @@ class Plan:
     generation: Any = None  # an open_generation(...) context manager
     encoder: Encoder | None = None
     fold: Callable[[Fold, Generation], dict[str, Any]] | None = None
+    announce: LoadAnnouncement | None = None  # native streams: progress lines while loading
 
 
 class GenerationRoutes:
@@ -115,7 +117,12 @@ class GenerationRoutes:
             completion = generate_completion(req, model, info, model_request.options)
         generation = open_generation(self.ctx.scheduler, model_request, completion, started)
         if req.stream:
-            return Plan(generation=generation, encoder=encoder)
+            announce = LoadAnnouncement(
+                self.ctx.scheduler, model_request, model=req.model, chat=chat
+            )
+            return Plan(
+                generation=generation, encoder=encoder, announce=announce if native else None
+            )
         return Plan(generation=generation, fold=fold)
 
     async def _generate(self, body: dict[str, Any], started: float) -> Plan:
@@ -167,6 +174,7 @@ class _Exchange:
         self.encoder: Encoder | None = None
         self.generation: Generation | None = None  # once a lease is held
         self.arrived = trio.current_time()
+        self.nursery: trio.Nursery | None = None  # the request's own, once the body is read
 
     # -- sending ------------------------------------------------------------------------
 
@@ -251,6 +259,7 @@ class _Exchange:
         if body is None:
             return
         async with trio.open_nursery() as nursery:
+            self.nursery = nursery
             nursery.start_soon(self.watch_disconnect, nursery.cancel_scope)
             try:
                 with self.routes.drain.guard():
@@ -269,7 +278,15 @@ class _Exchange:
         if plan.response is not None:
             await self.respond(plan.response)
             return
-        async with plan.generation as gen:
+        generation = plan.generation
+        if plan.announce is not None and plan.announce.needed():
+            # A load first: start the stream now and tell the client how it goes.
+            assert plan.encoder is not None
+            assert self.nursery is not None
+            self.encoder = plan.encoder
+            await self.start(200, plan.encoder.content_type)
+            generation = announcing_load(self.nursery, plan.announce, generation, self.body)
+        async with generation as gen:
             self.generation = gen
             if plan.fold is not None:
                 fold = Fold()
@@ -282,7 +299,8 @@ class _Exchange:
             self.encoder = encoder
             batch = await gen.next_batch()  # an error before it keeps its own status
             extra = {"Cache-Control": "no-cache"} if self.openai else None
-            await self.start(200, encoder.content_type, extra)
+            if self.status is None:
+                await self.start(200, encoder.content_type, extra)
             while True:  # one write per wake-up; the last one ends the response
                 data = encoder.encode(batch, gen)
                 if gen.final is not None:
