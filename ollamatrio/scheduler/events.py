@@ -71,6 +71,7 @@ class EventHub:
     def __init__(self) -> None:
         self._listeners: list[Listener] = []
         self._subscribers: set[trio.MemorySendChannel[SchedulerEvent]] = set()
+        self._membership = trio.Event()  # swapped whenever a subscriber comes or goes (I4)
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -81,6 +82,21 @@ class EventHub:
     @property
     def subscribers(self) -> int:
         return len(self._subscribers)
+
+    async def wait_subscribers(self, count: int) -> None:
+        """Wait until ``count`` subscribers are left (tests, dashboards of the server)."""
+        while len(self._subscribers) != count:
+            await self._membership.wait()
+
+    def _drop(self, send: trio.MemorySendChannel[SchedulerEvent]) -> None:
+        if send in self._subscribers:
+            self._subscribers.discard(send)
+            self._changed_membership()
+        send.close()
+
+    def _changed_membership(self) -> None:
+        self._membership.set()
+        self._membership = trio.Event()
 
     def publish(self, event: SchedulerEvent) -> None:
         for listener in self._listeners:
@@ -93,10 +109,9 @@ class EventHub:
                 send.send_nowait(event)
             except trio.WouldBlock:
                 log.warning("an event subscriber fell %d events behind; cut off", SUBSCRIBER_BUFFER)
-                self._subscribers.discard(send)
-                send.close()
+                self._drop(send)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._subscribers.discard(send)
+                self._drop(send)
 
     @asynccontextmanager
     async def subscribe(
@@ -106,9 +121,9 @@ class EventHub:
         (iteration stops) if this subscriber lags ``buffer`` events behind."""
         send, receive = trio.open_memory_channel[SchedulerEvent](buffer)
         self._subscribers.add(send)
+        self._changed_membership()
         try:
             async with receive:
                 yield receive
         finally:
-            self._subscribers.discard(send)
-            send.close()
+            self._drop(send)

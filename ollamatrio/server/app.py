@@ -22,6 +22,7 @@ from ..store import ModelStore
 from .cors import CorsAnswer, OriginPolicy, cors_answer
 from .drain import Drain
 from .errors import response_for
+from .events_route import EventsRoute
 from .fastpath import GenerationRoutes
 from .metrics import CONTENT_TYPE, OTHER_ENDPOINT, ServerMetrics
 from .models import ApiContext
@@ -187,6 +188,9 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
     # The generation routes run as plain ASGI in front of Quart (server/fastpath.py).
     app.asgi_app = GenerationRoutes(  # type: ignore[method-assign]
         app.asgi_app, ctx, drain, origins, guard_hosts, allowed_host
+    )
+    app.asgi_app = EventsRoute(  # type: ignore[method-assign]
+        app.asgi_app, scheduler, drain.stopping, origins, guard_hosts, allowed_host
     )
 
     @app.errorhandler(HTTPException)

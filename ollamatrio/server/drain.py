@@ -34,6 +34,8 @@ class Drain:
     def __init__(self) -> None:
         self._scopes: set[trio.CancelScope] = set()
         self.is_cut = False
+        # Set when shutdown begins: endless streams (``/api/events``) end then, not at the cut.
+        self.stopping = trio.Event()
 
     @contextmanager
     def guard(self) -> Iterator[None]:
@@ -53,6 +55,7 @@ class Drain:
     def cut(self) -> None:
         """End every guarded block now, and any that starts later."""
         self.is_cut = True
+        self.stopping.set()
         if self._scopes:
             log.info("shutting down: ending %d requests still running", len(self._scopes))
         for scope in self._scopes:
@@ -61,6 +64,7 @@ class Drain:
     async def cut_after(self, stopping: trio.Event, grace: float) -> None:
         """Cut ``grace`` seconds after ``stopping`` is set."""
         await stopping.wait()
+        self.stopping.set()
         await trio.sleep(grace)
         self.cut()
 
