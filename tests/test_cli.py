@@ -552,6 +552,28 @@ async def test_interactive_session_commands(api_server: ServerFactory) -> None:
     assert eval_counts(after_clear) == counts[:1]
 
 
+async def test_run_shows_the_load_as_a_bar_then_the_answer(api_server: ServerFactory) -> None:
+    """The model is not loaded: the stream's load_progress lines drive a bar (cleared when
+    the answer starts); in a pipe there is no bar, as there is no spinner."""
+    from ollamatrio.engines.simulated import SimulatedBehaviour
+
+    slow = SimulatedBehaviour(load_seconds=1.0, tokens_per_second=2000)
+    async with api_server(behaviour=slow) as srv:
+        async with open_terminal(srv.url, "run", "tiny", "Why is the sky blue?") as term:
+            with trio.fail_after(CLI_TIMEOUT):
+                await term.expect("loading tiny: ")
+                await term.expect("\r\n\r\n")  # the end of the answer
+        expected = await api_generate(srv, "Why is the sky blue?")
+        await cli(srv.url, "stop", "tiny")
+        _, err = text(await cli(srv.url, "run", "tiny", "Why is the sky blue?"))
+    shown = [int(p) for p in re.findall(r"loading tiny: +(\d+)%", term.transcript)]
+    assert any(0 < p < 100 for p in shown), shown
+    assert shown == sorted(shown)
+    answer = term.transcript[term.transcript.rindex("%") :]
+    assert expected.strip() in answer
+    assert err == ""
+
+
 async def test_interactive_ctrl_c_stops_the_answer(api_server: ServerFactory) -> None:
     from ollamatrio.engines.simulated import SimulatedBehaviour
 

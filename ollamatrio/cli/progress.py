@@ -266,5 +266,18 @@ class StatusRenderer:
             self._spinner = self.progress.spinner(status)
 
 
+def show_load(progress: Progress, bar: Bar | None, label: str, load: object) -> Bar | None:
+    """A ``load_progress`` line of a stream waiting for its model: one bar for the load
+    (created on the first line, moved by the next ones)."""
+    if not isinstance(load, dict):
+        return bar
+    completed, total = _int(load.get("completed")), _int(load.get("total"))
+    if bar is None:
+        return progress.bar(label, total, completed)
+    bar.set(completed, total)
+    progress.refresh()
+    return bar
+
+
 def _int(value: object) -> int:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0

@@ -11,7 +11,7 @@ from ollamatrio.modelfile import PARAMETER_TYPES, ModelfileError, parse_paramete
 from . import commands
 from .client import Client, CLIError, ServerError
 from .humanize import go_duration
-from .progress import Progress
+from .progress import Progress, show_load
 
 _GREY, _BOLD, _RESET = "\x1b[90m", "\x1b[1m", "\x1b[0m"
 
@@ -161,9 +161,15 @@ class Session:
         progress = Progress(self.err)
         progress.spinner("")
         waiting = True
+        bar = None  # while the server loads the model
         try:
             with self.client.stream(path, body) as events:
                 for event in events:
+                    if "load_progress" in event:  # the server loads the model first
+                        if progress.tty:  # a pipe gets no bar, as it gets no spinner
+                            label = f"loading {self.opts.model}"
+                            bar = show_load(progress, bar, label, event["load_progress"])
+                        continue
                     message = event.get("message") or {}
                     content = event.get("response") or message.get("content") or ""
                     thinking = event.get("thinking") or message.get("thinking") or ""
