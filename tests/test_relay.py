@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import trio
 
 from ollamatrio.engines.protocol import Chunk, CompletionRequest, LoadSpec
@@ -87,6 +88,11 @@ async def read_head(stream: trio.SocketStream) -> bytearray:
     return bytearray(rest)
 
 
+async def preload(url: str) -> None:
+    async with httpx.AsyncClient(base_url=url) as c:
+        (await c.post("/api/generate", json={"model": "tiny"})).raise_for_status()
+
+
 async def test_a_burst_is_one_write_and_a_lone_token_is_not_held(api_server) -> None:
     engines = BatchedEngines(
         [
@@ -97,6 +103,7 @@ async def test_a_burst_is_one_write_and_a_lone_token_is_not_held(api_server) -> 
     )
     with trio.fail_after(30):
         async with api_server(engines=engines) as srv:
+            await preload(srv.url)  # a stream that waits for a load writes progress first
             stream = await send_generate(srv.url, {"model": "tiny", "prompt": "hi"})
             async with stream:
                 await engines.stream.gate_send.send(None)
@@ -122,6 +129,7 @@ async def test_a_client_that_leaves_mid_stream_returns_the_lease(api_server) -> 
     engines = BatchedEngines([[Chunk(content="a")], [Chunk(content="never sent")]])
     with trio.fail_after(30):
         async with api_server(engines=engines) as srv:
+            await preload(srv.url)  # a stream that waits for a load writes progress first
             stream = await send_generate(srv.url, {"model": "tiny", "prompt": "hi"})
             await engines.stream.gate_send.send(None)
             buffer = await read_head(stream)

@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -40,10 +41,10 @@ class GatedEngines:
         self.opened = trio.Event()
 
     @asynccontextmanager
-    async def open(self, spec: LoadSpec) -> AsyncIterator[Engine]:
+    async def open(self, spec: LoadSpec, **kw: Any) -> AsyncIterator[Engine]:
         self.asked.set()
         await self.gate.wait()
-        async with self.inner.open(spec) as engine:
+        async with self.inner.open(spec, **kw) as engine:
             self.opened.set()
             yield engine
 
