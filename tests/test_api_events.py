@@ -70,7 +70,9 @@ async def test_the_model_filter_and_keep_alive_pings(
     seen: list[dict[str, Any]] = []
     with trio.fail_after(600):
         async with api_server() as srv, httpx.AsyncClient(base_url=srv.url, timeout=None) as c:
-            async with c.stream("GET", "/api/events", params={"model": "tiny-embed"}) as r:
+            # Names are compared as the store compares them: this is tiny-embed:latest.
+            params = {"model": "library/Tiny-Embed"}
+            async with c.stream("GET", "/api/events", params=params) as r:
                 lines = r.aiter_lines()
                 await c.post("/api/generate", json={"model": "tiny", "stream": False})
                 await c.post("/api/embed", json={"model": "tiny-embed", "input": "x"})

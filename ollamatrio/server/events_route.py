@@ -21,6 +21,7 @@ import trio
 
 from ..scheduler import Scheduler
 from ..scheduler.events import SchedulerEvent
+from ..store.names import InvalidModelNameError, ModelName
 from .cors import OriginPolicy, cors_answer
 from .openai_wire import SSE
 
@@ -37,9 +38,13 @@ def sse_bytes(event: SchedulerEvent) -> bytes:
     return f"event: {event.kind}\ndata: {data}\n\n".encode()
 
 
-def _full_name(model: str) -> str:
-    """Runners are named as the store resolves them: ``tiny`` is ``tiny:latest``."""
-    return model if ":" in model.rsplit("/", 1)[-1] else f"{model}:latest"
+def _full_name(model: str) -> tuple[str, ...]:
+    """A name as the store compares it: ``tiny``, ``library/TINY`` and the runner's
+    ``tiny:latest`` are one model (defaults filled in, case folded)."""
+    try:
+        return ModelName.parse(model).folded()
+    except InvalidModelNameError:
+        return (model,)  # matches no runner's name
 
 
 class EventsRoute:
@@ -76,7 +81,7 @@ class EventsRoute:
 
     async def _stream(
         self, receive: ASGIReceive, send: ASGISend, extra: list[tuple[bytes, bytes]],
-        model: str | None,
+        model: tuple[str, ...] | None,
     ) -> None:  # fmt: skip
         left = False
         async with self.scheduler.events.subscribe() as events, trio.open_nursery() as nursery:
@@ -103,7 +108,9 @@ class EventsRoute:
 
 
 async def _relay(
-    events: trio.MemoryReceiveChannel[SchedulerEvent], send: ASGISend, model: str | None
+    events: trio.MemoryReceiveChannel[SchedulerEvent],
+    send: ASGISend,
+    model: tuple[str, ...] | None,
 ) -> None:
     """Write events until the channel ends, and a ping whenever nothing was written for a
     while (events for other models do not count)."""
@@ -116,7 +123,7 @@ async def _relay(
                 return
         if quiet.cancelled_caught:
             data = b": ping\n\n"
-        elif model is None or event.model == model:
+        elif model is None or _full_name(event.model) == model:
             data = sse_bytes(event)
         else:
             continue
