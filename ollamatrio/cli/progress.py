@@ -148,6 +148,13 @@ class Progress:
             spinner.message = message
         self.refresh()
 
+    def update(self, bar: Bar, completed: int, total: int | None = None) -> None:
+        """Move ``bar`` and redraw, under the lock: the drawing thread (and a thread
+        feeding events) never renders a half-updated bar."""
+        with self._lock:
+            bar.set(completed, total)
+        self.refresh()
+
     # --- drawing ---
 
     def refresh(self) -> None:
@@ -267,15 +274,14 @@ class StatusRenderer:
 
 
 def show_load(progress: Progress, bar: Bar | None, label: str, load: object) -> Bar | None:
-    """A ``load_progress`` line of a stream waiting for its model: one bar for the load
-    (created on the first line, moved by the next ones)."""
+    """A ``load_progress`` line of a stream waiting for its model, or a ``loading`` event:
+    one bar for the load (created on the first, moved by the next ones)."""
     if not isinstance(load, dict):
         return bar
     completed, total = _int(load.get("completed")), _int(load.get("total"))
     if bar is None:
         return progress.bar(label, total, completed)
-    bar.set(completed, total)
-    progress.refresh()
+    progress.update(bar, completed, total)
     return bar
 
 
