@@ -6,8 +6,10 @@ the server's own ``{"error": ...}`` message is passed through unchanged, as Olla
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
+import socket
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -108,10 +110,66 @@ class Client:
         except httpx.TransportError as exc:
             raise self._error_for(exc) from exc
 
+    @contextmanager
+    def events(self, model: str) -> Iterator[EventStream | None]:
+        """Subscribe to ``GET /api/events?model=``: the scheduler's events for ``model``.
+
+        Yields None where the server has no such stream (Ollama answers 404) or cannot be
+        asked; the caller then does without.  Once a stream is yielded the subscription
+        exists (the server subscribes before it answers), so events of work started now
+        are not missed.  A pool of its own: :meth:`EventStream.interrupt` shuts the
+        connection down, which must never reach a connection the pool could reuse."""
+        http = self._new_pool()
+        response = None
+        try:
+            with contextlib.suppress(httpx.HTTPError):
+                request = http.build_request("GET", "/api/events", params={"model": model})
+                response = http.send(request, stream=True)
+            sse = response is not None and not response.is_error
+            sse = sse and response.headers.get("content-type", "").startswith("text/event-stream")
+            yield EventStream(response) if sse and response is not None else None
+        finally:
+            if response is not None:
+                response.close()
+            http.close()
+
     def _error_for(self, exc: httpx.TransportError) -> CLIError:
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
             return self._unreachable()
         return CLIError(f"lost the connection to the server: {exc}")
+
+
+class EventStream:
+    """An open ``/api/events`` answer: one thread iterates, another may interrupt."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Each event's ``data`` object, until the stream ends or is interrupted."""
+        data: list[str] = []
+        try:
+            for line in self._response.iter_lines():
+                if line.startswith("data:"):
+                    data.append(line[5:].removeprefix(" "))
+                elif not line and data:  # a blank line ends an event
+                    event = json.loads("\n".join(data))
+                    data.clear()
+                    if isinstance(event, dict):
+                        yield event
+        except (httpx.HTTPError, httpx.StreamError, OSError, ValueError):
+            # Interrupted, cut off or garbled: the events only ever decorate other work,
+            # which reports its own errors, so they simply stop.
+            return
+
+    def interrupt(self) -> None:
+        """End the iteration in the other thread: shut the socket down, which wakes a
+        blocked read (closing it would not, on Linux)."""
+        stream = self._response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):  # already closed by the server
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 def _ndjson(response: httpx.Response) -> Iterator[dict[str, Any]]:
