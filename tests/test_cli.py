@@ -23,6 +23,7 @@ import trio
 
 from ollamatrio._version import __version__
 from ollamatrio.cli.humanize import human_bytes
+from ollamatrio.cli.progress import SPINNER_FRAMES
 from ollamatrio.store import MEDIA_MODEL, MEDIA_TEMPLATE
 from ollamatrio.testing.fake_registry import FakeRegistry, Stall
 
@@ -440,6 +441,7 @@ class Terminal:
         self.stream = trio.lowlevel.FdStream(master)
         self.buffer = b""
         self.transcript = ""  # everything read so far, escape codes removed
+        self.raw = ""  # the same, escape codes and spinner frames kept
 
     async def expect(self, marker: str) -> str:
         needle = marker.encode()
@@ -452,6 +454,7 @@ class Terminal:
                 raise AssertionError(f"no {marker!r} before EOF in {self.buffer!r}")
             self.buffer += chunk
         seen, self.buffer = self.buffer[: i + len(needle)], self.buffer[i + len(needle) :]
+        self.raw += seen.decode()
         text = ANSI.sub("", seen.decode())
         self.transcript += text
         return text
@@ -572,6 +575,110 @@ async def test_run_shows_the_load_as_a_bar_then_the_answer(api_server: ServerFac
     answer = term.transcript[term.transcript.rindex("%") :]
     assert expected.strip() in answer
     assert err == ""
+
+
+def load_percents(transcript: str, model: str = "tiny") -> list[int]:
+    return [int(p) for p in re.findall(rf"loading {model}: +(\d+)%", transcript)]
+
+
+def assert_cleared(raw: str) -> None:
+    """The bar was erased (``Progress.stop(clear=True)``) after its last drawing."""
+    assert raw.rindex("loading tiny") < raw.rindex("\r\x1b[J\x1b[?25h") < raw.rindex(">>> ")
+
+
+async def test_interactive_run_shows_the_load_as_a_bar(api_server: ServerFactory) -> None:
+    """The load-only request is answered with one object, so the bar follows the server's
+    /api/events; it is cleared before the prompt, and ``/load`` shows it again."""
+    from ollamatrio.engines.simulated import SimulatedBehaviour
+
+    slow = SimulatedBehaviour(load_seconds=1.0, tokens_per_second=2000)
+    async with api_server(behaviour=slow) as srv, open_terminal(srv.url, "run", "tiny") as term:
+        hub = srv.scheduler.events
+        with trio.fail_after(CLI_TIMEOUT):
+            await term.expect(">>> ")
+            first, first_raw = term.transcript, term.raw
+            await hub.wait_subscribers(0)  # the CLI closed its subscription once loaded
+            async with hub.subscribe() as events:
+                await cli(srv.url, "stop", "tiny")
+                while (await events.receive()).kind != "unloaded":
+                    pass
+            await term.send("/load tiny")
+            second = await term.expect(">>> ")
+            await term.send("/bye")
+            assert await term.process.wait() == 0
+    for transcript in (first, second):
+        shown = load_percents(transcript)
+        assert any(0 < p < 100 for p in shown), transcript
+        assert shown == sorted(shown)
+    assert_cleared(first_raw)
+    assert_cleared(term.raw)
+    assert "Loading model 'tiny'" in second
+
+
+async def test_interactive_run_of_a_loaded_model_draws_no_bar(api_server: ServerFactory) -> None:
+    async with api_server() as srv:
+        await api_generate(srv, "hi")  # loaded, and kept for minutes
+        async with open_terminal(srv.url, "run", "tiny") as term:
+            with trio.fail_after(CLI_TIMEOUT):
+                await term.expect(">>> ")
+                await term.send("/bye")
+                assert await term.process.wait() == 0
+            await srv.scheduler.events.wait_subscribers(0)
+    assert "loading" not in term.transcript
+    assert SPINNER_FRAMES[0] in term.raw
+
+
+async def test_interactive_run_without_an_events_stream_keeps_the_spinner(
+    api_server: ServerFactory,
+) -> None:
+    """A server without /api/events (Ollama answers 404): the load shows the spinner, as
+    before, and the chat opens."""
+    answered: list[int] = []
+    async with api_server() as srv:
+        behind_events = srv.app.asgi_app.app  # what EventsRoute passes other requests to
+
+        async def without_events(scope: dict, receive: Callable, send: Callable) -> None:
+            async def record(message: dict) -> None:
+                if message["type"] == "http.response.start":
+                    answered.append(message["status"])
+                await send(message)
+
+            events = scope["type"] == "http" and scope["path"] == "/api/events"
+            await behind_events(scope, receive, record if events else send)
+
+        srv.app.asgi_app = without_events
+        async with open_terminal(srv.url, "run", "tiny") as term:
+            with trio.fail_after(CLI_TIMEOUT):
+                await term.expect(">>> ")
+                await term.send("Hello")
+                reply = await term.expect(">>> ")
+                await term.send("/bye")
+                assert await term.process.wait() == 0
+    assert answered == [404]
+    assert SPINNER_FRAMES[0] in term.raw
+    assert "loading" not in term.transcript
+    answer = reply.split("Hello\n", 1)[1].split("\n\n")[0]
+    assert len(answer.split()) == 16  # the simulated engine's words
+
+
+async def test_interactive_run_reports_a_failed_load(api_server: ServerFactory) -> None:
+    """The load fails halfway: the bar got that far, then the error, as before."""
+    from ollamatrio.engines.simulated import SimulatedBehaviour
+
+    broken = SimulatedBehaviour(load_seconds=1.0, fail_load="error")
+    async with api_server(behaviour=broken) as srv:
+        async with open_terminal(srv.url, "run", "tiny") as term:
+            with trio.fail_after(CLI_TIMEOUT):
+                await term.expect("Error: ")
+                error = await term.expect("\n")
+                assert await term.process.wait() == 1
+            await srv.scheduler.events.wait_subscribers(0)
+        async with httpx.AsyncClient(base_url=srv.url, timeout=CLI_TIMEOUT) as client:
+            expected = (await client.post("/api/generate", json={"model": "tiny"})).json()
+    shown = load_percents(term.transcript)
+    assert any(0 < p < 100 for p in shown), term.transcript
+    assert error == expected["error"] + "\n"
+    assert term.transcript.endswith(f"Error: {error}")  # nothing else: no traceback
 
 
 async def test_interactive_ctrl_c_stops_the_answer(api_server: ServerFactory) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from ollamatrio.modelfile import PARAMETER_TYPES, ModelfileError, parse_parameter_value
 
 from . import commands
-from .client import Client, CLIError, ServerError
+from .client import Client, CLIError, EventStream, ServerError
 from .humanize import go_duration
 from .progress import Progress, show_load
 
@@ -142,18 +145,48 @@ class Session:
         return self.client.json("POST", "/api/show", {"model": self.opts.model})
 
     def load(self) -> None:
-        """Load the model (an empty generate) behind a spinner, as ``ollama run`` does."""
+        """Load the model (an empty generate) behind a spinner, as ``ollama run`` does; on
+        a terminal a bar follows the load, fed by the server's events (the load-only
+        answer is one JSON object, as Ollama's, so it cannot carry progress itself)."""
         progress = Progress(self.err)
         progress.spinner("")
         body: dict[str, Any] = {"model": self.opts.model}
         if self.opts.keep_alive is not None:
             body["keep_alive"] = self.opts.keep_alive
         try:
-            with self.client.stream("/api/generate", body) as events:
+            with self._load_bar(progress), self.client.stream("/api/generate", body) as events:
                 for _ in events:
                     pass
         finally:
             progress.stop(clear=True)
+
+    @contextmanager
+    def _load_bar(self, progress: Progress) -> Iterator[None]:
+        """While the block runs, a thread moves a bar from ``/api/events``' ``loading``
+        events for the model; without that stream (Ollama) the spinner stays alone."""
+        if not progress.tty:  # a pipe gets no bar, as it gets no spinner
+            yield
+            return
+        with self.client.events(self.opts.model) as events:
+            if events is None:
+                yield
+                return
+            # Subscribed before the load is asked for, so its first event is not missed.
+            reader = threading.Thread(
+                target=self._follow_load, args=(events, progress), name="load-events"
+            )
+            reader.start()
+            try:
+                yield
+            finally:
+                events.interrupt()
+                reader.join()  # so that nothing draws once the caller stops the progress
+
+    def _follow_load(self, events: EventStream, progress: Progress) -> None:
+        bar = None
+        for event in events:
+            if event.get("event") == "loading":
+                bar = show_load(progress, bar, f"loading {self.opts.model}", event)
 
     def _stream(self, path: str, body: dict[str, Any]) -> tuple[ResponseWriter, dict[str, Any]]:
         writer = ResponseWriter(self.out, hide_thinking=self.opts.hide_thinking)
