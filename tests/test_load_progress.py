@@ -91,3 +91,28 @@ async def test_a_real_runner_reports_bytes_read_up_to_the_file_size(tmp_path: Pa
     assert completed == sorted(completed)
     assert {t for _, t in seen} == {total}
     assert any(0 < c < total for c in completed), seen  # real progress in between
+
+
+def test_the_resident_part_of_a_mapped_model_counts_as_read(tmp_path: Path):
+    """A GPU load maps the model and copies tensors out of the mapping: the file offset
+    stays put, the mapping's resident pages grow."""
+    import mmap
+    import os
+
+    from ollamatrio.engines.load_watch import FileOffset, mapped_bytes
+
+    page = mmap.PAGESIZE
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"\1" * (64 * page))
+    real = os.path.realpath(path)
+    assert mapped_bytes(os.getpid(), real) is None  # not mapped yet
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        untouched = mapped_bytes(os.getpid(), real)
+        assert untouched is not None
+        assert untouched < 16 * page
+        total = sum(m[i * page] for i in range(32))  # fault in half of the pages
+        assert total == 32
+        touched = mapped_bytes(os.getpid(), real)
+        assert touched is not None
+        assert 32 * page <= touched <= 64 * page
+        assert FileOffset(os.getpid(), str(path)).read() == touched
