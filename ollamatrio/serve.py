@@ -1,4 +1,4 @@
-"""Run the server: scheduler + store + HTTP app under hypercorn, on Trio.
+"""Run the server: scheduler + store + HTTP app (our front door, hypercorn behind it), on Trio.
 
 ``serve`` is embeddable (tests start it with ``nursery.start`` on port 0 and get the bound
 URLs back); ``run_server`` is the process entry point, which turns SIGINT/SIGTERM into a
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from .config import Settings, join_host_port
 from .devices import DeviceSource
@@ -31,6 +30,7 @@ from .runner.folders import remove_stale_runner_folders
 from .scheduler import open_scheduler
 from .server import create_app
 from .server.app import drain_of
+from .server.front import serve_http
 from .server.models import ApiContext
 from .server.preload import preload_models, warn_missing_models
 from .store import ModelStore
@@ -175,7 +175,7 @@ async def serve(
                 # Never delays the listener: loads go on while requests are served.
                 context = ApiContext(scheduler=scheduler, store=store, settings=settings)
                 nursery.start_soon(preload_models, context, model_config)
-                await hypercorn_serve(
+                await serve_http(
                     app,  # type: ignore[arg-type]
                     hypercorn_config(settings, listener),
                     shutdown_trigger=trigger,

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import httpx
 import trio
-from hypercorn.trio import serve as hypercorn_serve
 
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
@@ -44,6 +43,7 @@ from ollamatrio.engines.protocol import CompletionRequest
 from ollamatrio.scheduler import Scheduler, open_scheduler
 from ollamatrio.serve import hypercorn_config
 from ollamatrio.server import create_app
+from ollamatrio.server.front import serve_http
 from ollamatrio.store import ModelStore
 
 DEFAULT_SMOLLM2 = (
@@ -143,7 +143,7 @@ async def running_server(
     ):
         app = create_app(scheduler, store, settings)
         binds = await nursery.start(
-            partial(hypercorn_serve, app, hypercorn_config(settings), shutdown_trigger=stop.wait)
+            partial(serve_http, app, hypercorn_config(settings), shutdown_trigger=stop.wait)
         )
         try:
             yield binds[0], scheduler

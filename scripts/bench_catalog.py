@@ -23,12 +23,12 @@ from pathlib import Path
 
 import httpx
 import trio
-from hypercorn.trio import serve as hypercorn_serve
 
 from ollamatrio.config import Settings
 from ollamatrio.scheduler import open_scheduler
 from ollamatrio.serve import hypercorn_config
 from ollamatrio.server import create_app
+from ollamatrio.server.front import serve_http
 from ollamatrio.store import ModelStore
 from ollamatrio.testing import write_tiny_gguf
 
@@ -62,7 +62,7 @@ async def main(args: argparse.Namespace) -> None:
             app = create_app(scheduler, store, settings)
             binds = await nursery.start(
                 partial(
-                    hypercorn_serve, app, hypercorn_config(settings), shutdown_trigger=stop.wait
+                    serve_http, app, hypercorn_config(settings), shutdown_trigger=stop.wait
                 )
             )
             async with httpx.AsyncClient(base_url=binds[0], timeout=30) as client:

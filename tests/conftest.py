@@ -71,7 +71,8 @@ def smollm2_path() -> Path:
 
 @dataclass
 class RunningServer:
-    """A real hypercorn server on an ephemeral port, with its parts exposed to tests."""
+    """A real server (front door, hypercorn behind it) on an ephemeral port, with its parts
+    exposed to tests."""
 
     url: str
     scheduler: Scheduler
@@ -92,7 +93,7 @@ ServerFactory = Callable[..., AbstractAsyncContextManager[RunningServer]]
 
 @pytest.fixture
 def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
-    """Factory: ``async with api_server(**options) as srv`` runs the app under hypercorn on
+    """Factory: ``async with api_server(**options) as srv`` runs the app (server/front.py) on
     127.0.0.1:0 with the simulated engine and a fresh store holding ``tiny`` (a chat model)
     and ``tiny-embed`` (an embedding model).
 
@@ -112,13 +113,12 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
         **overrides: Any,
     ) -> AsyncIterator[RunningServer]:
         # Imported here so that a broken server module fails only the API tests.
-        from hypercorn.trio import serve as hypercorn_serve
-
         from ollamatrio.devices import SimulatedDevices
         from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
         from ollamatrio.scheduler import open_scheduler
         from ollamatrio.serve import hypercorn_config
         from ollamatrio.server import create_app
+        from ollamatrio.server.front import serve_http
         from ollamatrio.store import ModelStore
 
         settings = replace(
@@ -144,7 +144,7 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
             app = create_app(scheduler, store, settings)
             binds = await nursery.start(
                 partial(
-                    hypercorn_serve,
+                    serve_http,
                     app,
                     hypercorn_config(settings),
                     shutdown_trigger=stop.wait,

@@ -92,6 +92,7 @@ class _App(QuartTrio):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.drain = Drain()  # serve() cuts it when shutdown's grace period ends
+        self.generation_routes: GenerationRoutes | None = None  # set by create_app
 
     async def dispatch_request(self, request_context: RequestContext | None = None) -> Any:
         """The view, guarded: if shutdown cuts it, the answer is 503 (OpenAI's shape on
@@ -116,6 +117,11 @@ def drain_of(app: QuartTrio) -> Drain:
     """The app's :class:`Drain` (``create_app`` made the app)."""
     assert isinstance(app, _App)
     return app.drain
+
+
+def generation_routes_of(app: Any) -> GenerationRoutes | None:
+    """The generation routes of an app that ``create_app`` made; None for any other app."""
+    return app.generation_routes if isinstance(app, _App) else None
 
 
 def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> QuartTrio:
@@ -185,10 +191,12 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
             response.response = IterableBody(drain.body(response.response.iter, last))
         return response
 
-    # The generation routes run as plain ASGI in front of Quart (server/fastpath.py).
-    app.asgi_app = GenerationRoutes(  # type: ignore[method-assign]
+    # The generation routes run as plain ASGI in front of Quart (server/fastpath.py); the
+    # front door (server/front.py) calls them directly.
+    app.generation_routes = GenerationRoutes(
         app.asgi_app, ctx, drain, origins, guard_hosts, allowed_host
     )
+    app.asgi_app = app.generation_routes  # type: ignore[method-assign]
     app.asgi_app = EventsRoute(  # type: ignore[method-assign]
         app.asgi_app, scheduler, drain.stopping, origins, guard_hosts, allowed_host
     )

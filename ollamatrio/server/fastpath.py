@@ -82,6 +82,11 @@ class GenerationRoutes:
             "/v1/chat/completions": (self._chat_completions, True),
         }
 
+    @property
+    def paths(self) -> list[str]:
+        """The routes' paths (all ``POST``)."""
+        return list(self._routes)
+
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
         route = None
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -1,0 +1,396 @@
+"""The HTTP front door: the generation routes on raw Trio, every other request on hypercorn.
+
+Hypercorn costs about half of a relayed token's CPU (each ASGI send goes through its h11
+framing, a per-connection lock and a shielded cancel scope) and most of the time to the
+first token, so the server accepts connections itself.  A connection whose requests are
+plain ``POST``s to the four generation routes (HTTP/1.1, ``Content-Length`` body: what the
+official clients send) is served here, request after request on the same keep-alive
+connection, with ASGI-shaped ``receive``/``send`` callables that cost one ``send_all`` per
+body piece.  At the first request that is anything else, the whole connection is handed to
+hypercorn's own per-connection server, the bytes already read replayed first; it stays
+there until it closes.
+
+Hypercorn has no public API for serving a connection it did not accept, so
+:func:`serve_http` repeats ``hypercorn.trio.run.worker_serve`` (lifespan, worker context,
+shutdown trigger, graceful timeout) around its ``TCPServer``; ``pyproject.toml`` pins the
+hypercorn versions this was checked against.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.statsd import StatsdLogger
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
+from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
+
+from .app import generation_routes_of
+from .errors import RequestTooLargeError
+from .fastpath import GenerationRoutes
+from .http1 import (
+    CHUNKED,
+    LAST_CHUNK,
+    MAX_HEAD,
+    BadRequest,
+    Head,
+    chunk,
+    content_length,
+    parse_head,
+    response_head,
+)
+from .requests import MAX_JSON_BODY
+
+log = logging.getLogger(__name__)
+
+RECEIVE_SIZE = 64 * 1024
+# A response write may not be cut half-way (the framing would break), so it is shielded
+# from cancellation; a client that takes more than this to accept one piece is dropped.
+SEND_TIMEOUT = 30.0
+_HANDOFF = object()
+_FRAMING = (b"content-length", b"transfer-encoding", b"connection")
+
+
+class ReplayStream(trio.abc.HalfCloseableStream):
+    """A client connection whose first bytes were already read: they come first again.
+    (``TCPServer`` uses ``receive_some``, ``send_all``, ``send_eof``, ``aclose`` and
+    ``.socket``.)"""
+
+    def __init__(self, stream: trio.SocketStream, prefix: bytes) -> None:
+        self.transport = stream
+        self.socket = stream.socket
+        self._prefix = prefix
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if not self._prefix:
+            return await self.transport.receive_some(max_bytes)
+        await trio.lowlevel.checkpoint()
+        size = len(self._prefix) if max_bytes is None else max_bytes
+        data, self._prefix = self._prefix[:size], self._prefix[size:]
+        return data
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.transport.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.transport.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self.transport.send_eof()
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
+class Front:
+    """What the connections share: the apps, and whether shutdown has begun."""
+
+    def __init__(
+        self, app: AppWrapper, routes: GenerationRoutes | None, config: Config,
+        context: WorkerContext, state: LifespanState,
+    ) -> None:  # fmt: skip
+        self.app = app
+        self.routes = routes
+        self.paths = frozenset(p.encode() for p in routes.paths) if routes else frozenset()
+        self.config = config
+        self.context = context
+        self.state = state
+        self.stopping = False
+        self._idle: set[trio.CancelScope] = set()
+
+    def stop(self) -> None:
+        """Read no more requests; close the connections waiting for one."""
+        self.stopping = True
+        for scope in self._idle:
+            scope.cancel()
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        """One accepted connection, for as long as it lives."""
+        connection = _Connection(self, stream)
+        try:
+            handoff = await connection.serve()
+        except Exception:  # a bug here must not take the server down with it
+            log.exception("error on a client connection")
+            handoff = False
+        finally:
+            if not connection.handed_off:
+                with trio.CancelScope(shield=True):
+                    await stream.aclose()
+        if handoff:
+            state = ConnectionState(self.state.copy())
+            replay = ReplayStream(stream, bytes(connection.buffer))
+            await TCPServer(self.app, self.config, self.context, state, replay)  # type: ignore[arg-type]
+
+    def idle(self) -> trio.CancelScope:
+        """A scope for waiting on the next request: keep-alive timeout, or shutdown."""
+        scope = trio.CancelScope(relative_deadline=self.config.keep_alive_timeout)
+        if self.stopping:
+            scope.cancel()
+        return scope
+
+
+class _Connection:
+    """A client connection served by the front door, one exchange at a time."""
+
+    def __init__(self, front: Front, stream: trio.SocketStream) -> None:
+        self.front = front
+        self.stream = stream
+        self.buffer = bytearray()
+        self.handed_off = False
+        self.eof = False  # the client closed its side (or the connection broke)
+        self.broken = False  # a write failed: nothing more can be written
+        peer = stream.socket.getpeername()
+        self.client = (peer[0], peer[1])
+        here = stream.socket.getsockname()
+        self.server = (here[0], here[1])
+
+    async def serve(self) -> bool:
+        """Exchanges until the connection should close (False) or go to hypercorn (True)."""
+        while True:
+            head = await self._next_head()
+            if head is None:
+                return False
+            if head is _HANDOFF:
+                self.handed_off = True
+                return True
+            assert isinstance(head, Head)
+            exchange = _Exchange(self, head)
+            await exchange.run()
+            if not exchange.keep_alive() or self.eof or self.broken:
+                return False
+
+    async def _next_head(self) -> Head | object | None:
+        """The next request's head (its bytes consumed from the buffer), ``_HANDOFF``, or
+        None: the client left, the keep-alive timeout passed, or shutdown began."""
+        if self.front.stopping:
+            return None
+        with self.front.idle() as scope:
+            self.front._idle.add(scope)
+            try:
+                end = await self._read_until_head()
+            finally:
+                self.front._idle.discard(scope)
+        if scope.cancelled_caught or end is None:
+            return None
+        if end < 0:
+            return _HANDOFF
+        try:
+            head = parse_head(bytes(self.buffer[:end]), self.front.paths)
+        except BadRequest as exc:
+            text = str(exc).encode()
+            await self.write(response_head(400, [], content_length(len(text)), close=True) + text)
+            return None
+        if head is None:
+            return _HANDOFF
+        body_end = end + 4 + head.content_length
+        if len(self.buffer) > body_end:
+            return _HANDOFF  # pipelined requests: hypercorn's
+        del self.buffer[: end + 4]
+        return head
+
+    async def _read_until_head(self) -> int | None:
+        """Where the buffered head ends; -1 if the request is not one of ours; None at EOF."""
+        start = 0
+        while True:
+            if len(self.buffer) >= 5 and not self.buffer.startswith(b"POST "):
+                return -1
+            end = self.buffer.find(b"\r\n\r\n", start)
+            if end > MAX_HEAD or (end < 0 and len(self.buffer) > MAX_HEAD):
+                return -1  # hypercorn's to judge
+            if end >= 0:
+                return end
+            start = max(0, len(self.buffer) - 3)
+            await self.receive()
+            if self.eof:
+                return None
+
+    async def receive(self) -> None:
+        """Read what the client sent next into the buffer (or note that it left)."""
+        try:
+            data = await self.stream.receive_some(RECEIVE_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if data:
+            self.buffer += data
+        else:
+            self.eof = True
+
+    async def wait_for_eof(self) -> None:
+        """Until the client leaves; what it sends meanwhile (the next request) is kept."""
+        while not self.eof:
+            if len(self.buffer) > MAX_HEAD:
+                await trio.sleep_forever()  # it is sending more than one head: wait for us
+            await self.receive()
+
+    async def write(self, data: bytes) -> None:
+        if self.broken:
+            return
+        try:
+            with trio.CancelScope(shield=True, relative_deadline=SEND_TIMEOUT) as scope:
+                await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.broken = True
+        if scope.cancelled_caught:
+            self.broken = True
+
+
+class _Exchange:
+    """One request served by the front door: ASGI ``receive``/``send`` over the connection."""
+
+    def __init__(self, connection: _Connection, head: Head) -> None:
+        self.connection = connection
+        self.head = head
+        self.body_left = head.content_length
+        self._body_read = False
+        self.started = False
+        self.finished = False
+        self.close = False
+        self._status = 0
+        self._headers: list[tuple[bytes, bytes]] = []
+
+    def keep_alive(self) -> bool:
+        """Whether the connection can carry the next request."""
+        return self.finished and not self.close
+
+    async def run(self) -> None:
+        connection = self.connection
+        front = connection.front
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": self.head.path,
+            "raw_path": self.head.path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": self.head.headers,
+            "client": connection.client,
+            "server": connection.server,
+            "state": front.state.copy(),
+        }
+        assert front.routes is not None
+        try:
+            await front.routes(scope, self.receive, self.send)
+        except Exception:
+            log.exception("error in a generation request")
+            self.close = True
+            if not self.started:  # else the connection closes mid-body: the client sees it
+                await self.send({"type": "http.response.start", "status": 500, "headers": []})
+                await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def receive(self) -> dict[str, Any]:
+        connection = self.connection
+        if self._body_read:  # past the body: wait for the client to leave
+            await connection.wait_for_eof()
+            return {"type": "http.disconnect"}
+        if self.body_left > MAX_JSON_BODY:  # never read: answered 413 at once
+            raise RequestTooLargeError(f"request body exceeds {MAX_JSON_BODY} bytes")
+        if self.body_left and not connection.buffer:
+            await connection.receive()
+            if connection.eof:
+                return {"type": "http.disconnect"}
+        piece = bytes(connection.buffer[: self.body_left])
+        del connection.buffer[: len(piece)]
+        self.body_left -= len(piece)
+        self._body_read = self.body_left == 0
+        return {"type": "http.request", "body": piece, "more_body": not self._body_read}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self._status = message["status"]
+            self._headers = [
+                (name.lower(), value)
+                for name, value in message.get("headers", ())
+                if name.lower() not in _FRAMING
+            ]
+            return
+        if self.finished:
+            return
+        body: bytes = message.get("body", b"")
+        more: bool = message.get("more_body", False)
+        connection = self.connection
+        if not self.started:
+            self.started = True
+            # A body not read to its end leaves the connection unusable for the next request.
+            self.close = (
+                self.head.close or self.body_left > 0 or connection.eof
+                or connection.front.stopping
+            )  # fmt: skip
+            framing = CHUNKED if more else content_length(len(body))
+            data = response_head(self._status, self._headers, framing, close=self.close)
+            if more:
+                data += chunk(body) if body else b""
+            else:
+                data += body
+        elif body:
+            data = chunk(body) if more else chunk(body) + LAST_CHUNK
+        else:
+            data = b"" if more else LAST_CHUNK
+        if not more:
+            self.finished = True
+        if data:
+            await connection.write(data)
+
+
+async def serve_http(
+    app: Any,
+    config: Config,
+    *,
+    shutdown_trigger: Callable[..., Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` (an ASGI app; a :func:`create_app` app gets the front door for its
+    generation routes) as ``hypercorn.trio.serve`` does: until ``shutdown_trigger`` returns,
+    then running requests get ``config.graceful_timeout`` to finish."""
+    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    config.set_statsd_logger_class(StatsdLogger)
+    state: LifespanState = {}
+    lifespan = Lifespan(wrapped, config, state)
+    context = WorkerContext(None)
+    front = Front(wrapped, generation_routes_of(app), config, context, state)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as server_nursery:
+            sockets = config.create_sockets()
+            assert not sockets.secure_sockets, "plain HTTP only"
+            assert not sockets.quic_sockets, "plain HTTP only"
+            listeners = []
+            binds = []
+            for sock in sockets.insecure_sockets:
+                sock.listen(config.backlog)
+                listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+                binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+            task_status.started(binds)
+            try:
+                async with trio.open_nursery() as nursery:
+                    if shutdown_trigger is not None:
+                        nursery.start_soon(raise_shutdown, shutdown_trigger)
+                    nursery.start_soon(raise_shutdown, context.terminate.wait)
+                    nursery.start_soon(
+                        partial(
+                            trio.serve_listeners,
+                            front.handle,
+                            listeners,
+                            handler_nursery=server_nursery,
+                        )
+                    )
+            except BaseExceptionGroup as error:
+                _, others = error.split((ShutdownError, KeyboardInterrupt))
+                if others is not None:
+                    raise others from None
+            finally:
+                front.stop()
+                await context.terminated.set()
+                server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()

@@ -1,0 +1,130 @@
+"""The slice of HTTP/1.1 the front door speaks itself: strict request heads, response heads and
+chunk framing.
+
+Strict means that anything unusual is *not ours*: :func:`parse_head` returns None and the
+connection goes to hypercorn, which knows the whole protocol (and its error answers).  Only
+two things are refused here, because handing them on could make two parsers disagree about
+where a request ends: a ``Content-Length`` that is not one plain number, and a
+``Content-Length`` together with a ``Transfer-Encoding``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from email.utils import formatdate
+from http import HTTPStatus
+
+MAX_HEAD = 16 * 1024  # bytes, as hypercorn's h11_max_incomplete_size
+MAX_HEADERS = 100
+_MAX_LENGTH_DIGITS = 18  # a Content-Length longer than this is no body we would read
+
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+class BadRequest(Exception):
+    """A request whose framing is ambiguous: answered 400, and the connection closed."""
+
+
+@dataclass
+class Head:
+    """A request head the front door serves itself."""
+
+    path: str
+    headers: list[tuple[bytes, bytes]]  # names lower-cased, values stripped
+    content_length: int
+    close: bool  # the client asked to close after this exchange
+
+
+def parse_head(raw: bytes, paths: frozenset[bytes]) -> Head | None:
+    """``raw`` (up to, not including, the blank line) as a ``POST`` to one of ``paths`` over
+    HTTP/1.1 with a ``Content-Length`` body (or none); None for anything else.
+
+    Raises:
+        BadRequest: a broken or doubled ``Content-Length``, or one with ``Transfer-Encoding``.
+    """
+    lines = raw.split(b"\r\n")
+    request_line = lines[0].split(b" ")
+    if len(request_line) != 3 or len(lines) > MAX_HEADERS + 1:
+        return None
+    method, target, version = request_line
+    if method != b"POST" or target not in paths or version != b"HTTP/1.1":
+        return None
+    headers = []
+    length: bytes | None = None
+    chunked = close = host = False
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
+            return None  # also obsolete line folding: a name cannot start with a space
+        name = name.lower()
+        value = value.strip(b" \t")
+        if name == b"content-length":
+            if length is not None or not value.isdigit() or len(value) > _MAX_LENGTH_DIGITS:
+                raise BadRequest("bad Content-Length")
+            length = value
+        elif name == b"transfer-encoding":
+            chunked = True
+        elif name in (b"expect", b"upgrade"):
+            return None
+        elif name == b"connection":
+            tokens = {t.strip().lower() for t in value.split(b",")}
+            if b"upgrade" in tokens:
+                return None
+            close = close or b"close" in tokens
+        elif name == b"host":
+            host = True
+        headers.append((name, value))
+    if chunked:
+        if length is not None:
+            raise BadRequest("both Content-Length and Transfer-Encoding")
+        return None  # a chunked request body: hypercorn's
+    if not host:
+        return None  # HTTP/1.1 requires it; hypercorn says so
+    return Head(target.decode("ascii"), headers, int(length or 0), close)
+
+
+class _Date:
+    """The ``date`` header line, formatted once a second."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._line = b""
+
+    def line(self) -> bytes:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._line = b"date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
+        return self._line
+
+
+_date = _Date()
+_STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
+
+
+def response_head(
+    status: int, headers: list[tuple[bytes, bytes]], framing: bytes, *, close: bool
+) -> bytes:
+    """A response head: ``framing`` is its ``content-length``/``transfer-encoding`` line."""
+    out = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status, _date.line(), framing]
+    out += [name + b": " + value + b"\r\n" for name, value in headers]
+    if close:
+        out.append(b"connection: close\r\n")
+    out.append(b"\r\n")
+    return b"".join(out)
+
+
+CHUNKED = b"transfer-encoding: chunked\r\n"
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+def content_length(size: int) -> bytes:
+    return b"content-length: %d\r\n" % size
+
+
+def chunk(data: bytes) -> bytes:
+    """``data`` as one chunk of a chunked body (never empty: that would end the body)."""
+    return b"%x\r\n%b\r\n" % (len(data), data)

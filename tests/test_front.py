@@ -1,0 +1,289 @@
+"""The HTTP front door (server/front.py) at the byte level: generation requests served on
+raw Trio, keep-alive across requests, the hand-off of anything else to hypercorn (with the
+bytes already read), framing it refuses, and idle connections at shutdown.
+
+Which server answered is visible in the response head: hypercorn adds ``server:
+hypercorn-h11``, the front door no ``server`` header."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import trio
+
+from ollamatrio.config import Settings
+from ollamatrio.devices import SimulatedDevices
+from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
+from ollamatrio.serve import serve
+from ollamatrio.server.requests import MAX_JSON_BODY
+from ollamatrio.store import ModelStore
+
+
+class Response:
+    def __init__(self, status: int, headers: dict[bytes, bytes], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    @property
+    def by_front_door(self) -> bool:
+        return b"server" not in self.headers
+
+    def lines(self) -> list[dict[str, Any]]:
+        """The NDJSON lines, less the load progress of a first request."""
+        lines = [json.loads(line) for line in self.body.splitlines() if line]
+        return [line for line in lines if "load_progress" not in line]
+
+
+class Client:
+    """One raw keep-alive connection."""
+
+    def __init__(self, stream: trio.SocketStream, host: bytes) -> None:
+        self.stream = stream
+        self.host = host
+        self.buffer = bytearray()
+
+    @classmethod
+    async def open(cls, url: str) -> Client:
+        parts = urlsplit(url)
+        assert parts.hostname is not None
+        stream = await trio.open_tcp_stream(parts.hostname, parts.port)
+        return cls(stream, parts.netloc.encode())
+
+    def request(self, path: str, body: Any = None, *, method: str = "POST",
+                extra: bytes = b"") -> bytes:  # fmt: skip
+        data = b"" if body is None else json.dumps(body).encode()
+        return (
+            b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n%s\r\n%s"
+            % (method.encode(), path.encode(), self.host, len(data), extra, data)
+        )
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def _fill(self) -> None:
+        data = await self.stream.receive_some(65536)
+        assert data, "the server closed the connection"
+        self.buffer += data
+
+    async def _take(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            await self._fill()
+        data = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return data
+
+    async def _line(self) -> bytes:
+        while b"\r\n" not in self.buffer:
+            await self._fill()
+        line, _, _ = bytes(self.buffer).partition(b"\r\n")
+        del self.buffer[: len(line) + 2]
+        return line
+
+    async def response(self) -> Response:
+        status_line = await self._line()
+        status = int(status_line.split(b" ")[1])
+        headers: dict[bytes, bytes] = {}
+        while line := await self._line():
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+        if headers.get(b"transfer-encoding") == b"chunked":
+            body = bytearray()
+            while size := int(await self._line(), 16):
+                body += await self._take(size)
+                assert await self._take(2) == b"\r\n"
+            assert await self._take(2) == b"\r\n"
+            return Response(status, headers, bytes(body))
+        if b"content-length" in headers:
+            return Response(status, headers, await self._take(int(headers[b"content-length"])))
+        while b'"done":true' not in self.buffer:  # HTTP/1.0: a native stream, to its end
+            await self._fill()
+        body = bytes(self.buffer)
+        self.buffer.clear()
+        return Response(status, headers, body)
+
+    async def exchange(self, path: str, body: Any = None, **kwargs: Any) -> Response:
+        await self.send(self.request(path, body, **kwargs))
+        return await self.response()
+
+    async def closed(self) -> bool:
+        """Whether the server closes the connection (without sending anything more)."""
+        return not self.buffer and await self.stream.receive_some(65536) == b""
+
+
+GENERATE = {"model": "tiny", "prompt": "hi", "options": {"num_predict": 3}}
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+
+
+async def test_one_connection_carries_many_generations(api_server) -> None:
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            client = await Client.open(srv.url)
+            async with client.stream:
+                for _ in range(3):
+                    r = await client.exchange("/api/generate", GENERATE)
+                    assert r.status == 200
+                    assert r.by_front_door
+                    assert r.lines()[-1]["done"] is True
+                    assert len(r.lines()) == 4
+                    r = await client.exchange("/api/chat", CHAT)
+                    assert r.status == 200
+                    assert r.by_front_door
+                    assert r.headers[b"content-length"] == b"%d" % len(r.body)
+                    assert r.lines()[0]["message"]["role"] == "assistant"
+                    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "stream": True}
+                    r = await client.exchange("/v1/completions", body)
+                    assert r.status == 200
+                    assert r.body.endswith(b"data: [DONE]\n\n")
+
+
+async def test_another_request_hands_the_connection_to_hypercorn(api_server) -> None:
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            client = await Client.open(srv.url)
+            async with client.stream:
+                r = await client.exchange("/api/generate", GENERATE)
+                assert (r.status, r.by_front_door) == (200, True)
+                # The bytes the front door read of this one are replayed to hypercorn.
+                r = await client.exchange("/api/tags", method="GET")
+                assert (r.status, r.by_front_door) == (200, False)
+                assert {m["name"] for m in json.loads(r.body)["models"]} >= {"tiny:latest"}
+                # The connection stays with hypercorn, and generations still work on it.
+                r = await client.exchange("/api/generate", GENERATE)
+                assert (r.status, r.by_front_door) == (200, False)
+                assert r.lines()[-1]["done"] is True
+
+
+async def test_unusual_requests_go_to_hypercorn(api_server) -> None:
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            host = urlsplit(srv.url).netloc.encode()
+            data = json.dumps(GENERATE).encode()
+            plain = Client(None, host).request("/api/generate", GENERATE)  # type: ignore[arg-type]
+            unusual = [
+                plain.replace(b"HTTP/1.1", b"HTTP/1.0", 1),
+                plain.replace(b"/api/generate", b"/api/generate?x=1", 1),
+                b"POST /api/generate HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n"
+                b"\r\n%x\r\n%s\r\n0\r\n\r\n" % (host, len(data), data),
+                plain * 2,  # pipelined
+            ]
+            for raw in unusual:
+                client = await Client.open(srv.url)
+                async with client.stream:
+                    await client.send(raw)
+                    for _ in range(raw.count(b"POST")):
+                        r = await client.response()
+                        assert (r.status, r.by_front_door) == (200, False), raw
+                        assert r.lines()[-1]["done"] is True
+
+
+async def test_an_oversize_head_is_hypercorns_to_judge(api_server) -> None:
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            client = await Client.open(srv.url)
+            async with client.stream:
+                extra = b"X-Filler: %s\r\n" % (b"a" * 20000)
+                r = await client.exchange("/api/generate", GENERATE, extra=extra)
+                assert not r.by_front_door
+
+
+async def test_an_oversize_body_is_413_without_being_read(api_server) -> None:
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            for path, shape in (("/api/generate", "error"), ("/v1/chat/completions", "error")):
+                client = await Client.open(srv.url)
+                async with client.stream:
+                    await client.send(
+                        b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n{"
+                        % (path.encode(), client.host, MAX_JSON_BODY + 1)
+                    )
+                    r = await client.response()
+                    assert (r.status, r.by_front_door) == (413, True)
+                    assert shape in json.loads(r.body)
+                    assert r.headers[b"connection"] == b"close"
+                    assert await client.closed()
+
+
+async def test_ambiguous_framing_is_refused(api_server) -> None:
+    heads = [
+        b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n",
+        b"Content-Length: 2\r\nContent-Length: 3\r\n",
+        b"Content-Length: -2\r\n",
+        b"Content-Length: 0x10\r\n",
+    ]
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            for framing in heads:
+                client = await Client.open(srv.url)
+                async with client.stream:
+                    await client.send(
+                        b"POST /api/generate HTTP/1.1\r\nHost: %s\r\n%s\r\n{}"
+                        % (client.host, framing)
+                    )
+                    r = await client.response()
+                    assert r.status == 400, framing
+                    assert await client.closed()
+
+
+async def test_bad_json_and_connection_close(api_server) -> None:
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            client = await Client.open(srv.url)
+            async with client.stream:
+                await client.send(
+                    b"POST /api/chat HTTP/1.1\r\nHost: %s\r\nContent-Length: 5\r\n\r\n{nope"
+                    % client.host
+                )
+                r = await client.response()
+                assert (r.status, r.by_front_door) == (400, True)
+                assert "error" in json.loads(r.body)
+                # The connection is still good for the next request, which asks to close it.
+                r = await client.exchange("/api/generate", GENERATE, extra=b"Connection: close\r\n")
+                assert (r.status, r.by_front_door) == (200, True)
+                assert r.headers[b"connection"] == b"close"
+                assert await client.closed()
+
+
+async def test_an_idle_connection_closes_after_the_keep_alive_timeout(
+    autojump_clock: trio.abc.Clock, api_server
+) -> None:
+    autojump_clock.autojump_threshold = 0.03  # type: ignore[attr-defined]
+    with trio.fail_after(100):
+        async with api_server() as srv:
+            client = await Client.open(srv.url)
+            async with client.stream:
+                r = await client.exchange("/api/generate", GENERATE)
+                assert (r.status, r.by_front_door) == (200, True)
+                idle_since = trio.current_time()
+                assert await client.closed()
+                assert 29 < trio.current_time() - idle_since < 31
+
+
+async def test_shutdown_closes_idle_connections_at_once(tmp_path: Path, tiny_gguf) -> None:
+    settings = Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models")
+    store = ModelStore(settings.models_dir)
+    for _ in store.import_gguf("tiny", tiny_gguf()):
+        pass
+    devices = SimulatedDevices(json.dumps({"gpus": [], "system": {"total": 64 << 30}}))
+    engines = SimulatedEngineFactory(devices, default=SimulatedBehaviour(load_seconds=0.01))
+    stop = trio.Event()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            (url,) = await nursery.start(
+                partial(serve, settings, shutdown_trigger=stop.wait, engines=engines,
+                        devices=devices)
+            )  # fmt: skip
+            ours = await Client.open(url)
+            async with ours.stream:
+                r = await ours.exchange("/api/generate", GENERATE)
+                assert (r.status, r.by_front_door) == (200, True)
+                stop.set()
+                # Well before the keep-alive timeout (30 s) and the grace period (10 s).
+                with trio.fail_after(5):
+                    assert await ours.closed()
+                # (hypercorn closes its idle connections when the grace period ends)
