@@ -22,7 +22,7 @@ from ..engines.protocol import Chunk, CompletionRequest
 from ..scheduler import Lease, ModelRequest, Scheduler
 from . import openai_wire as oai
 from .openai_wire import SSE, SSE_DONE
-from .wire import NDJSON, json_bytes, ns, rfc3339
+from .wire import NDJSON, json_bytes, ns, rfc3339, rfc3339_now
 
 
 class Generation:
@@ -114,9 +114,13 @@ class GenerateLines:
     """``/api/generate`` lines."""
 
     content_type = NDJSON
+    # A line that carries only text (most of them) is spliced from bytes, not encoded
+    # from a dict: ``{"model":…,"created_at":…,`` + opening + the text + closing.
+    _text_opening = b'"response":'
+    _text_closing = b',"done":false}\n'
 
     def __init__(self, model: str) -> None:
-        self._prefix = b'{"model":' + json_bytes(model) + b',"created_at":'
+        self._prefix = b'{"model":' + json_bytes(model) + b',"created_at":"'
 
     def _body(self, chunk: Chunk) -> dict[str, Any]:
         obj: dict[str, Any] = {"response": chunk.content}
@@ -124,7 +128,9 @@ class GenerateLines:
             obj["thinking"] = chunk.thinking
         return obj
 
-    def _line(self, created: bytes, chunk: Chunk, gen: Generation) -> bytes:
+    def _line(self, start: bytes, chunk: Chunk, gen: Generation) -> bytes:
+        if not (chunk.done or chunk.thinking or chunk.logprobs or chunk.tool_calls):
+            return start + self._text_opening + json_bytes(chunk.content) + self._text_closing
         obj = self._body(chunk)
         if chunk.logprobs:
             obj["logprobs"] = list(chunk.logprobs)
@@ -134,15 +140,16 @@ class GenerateLines:
             if chunk.context:
                 obj["context"] = list(chunk.context)
             obj.update(gen.timings(chunk))
-        return self._prefix + created + b"," + json_bytes(obj)[1:] + b"\n"
+        return start + json_bytes(obj)[1:] + b"\n"
 
     @staticmethod
     def _wanted(chunk: Chunk) -> bool:
         return chunk.done or bool(chunk.content or chunk.thinking or chunk.logprobs)
 
     def encode(self, batch: list[Chunk], gen: Generation) -> bytes:
-        created = json_bytes(rfc3339())  # one timestamp per wake-up
-        return b"".join(self._line(created, c, gen) for c in batch if self._wanted(c))
+        # One timestamp per wake-up.
+        start = self._prefix + rfc3339_now().encode() + b'",'
+        return b"".join(self._line(start, c, gen) for c in batch if self._wanted(c))
 
     def error(self, message: str, status: int) -> bytes:
         return json_bytes({"error": message}) + b"\n"
@@ -153,6 +160,9 @@ class GenerateLines:
 
 class ChatLines(GenerateLines):
     """``/api/chat`` lines."""
+
+    _text_opening = b'"message":{"role":"assistant","content":'
+    _text_closing = b'},"done":false}\n'
 
     def _body(self, chunk: Chunk) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": chunk.content}
@@ -196,6 +206,11 @@ class _Events:
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage
+        # The event of a chunk that carries only text is spliced from bytes (_text_event).
+        self._opening = b"data: " + json_bytes(self.envelope([]))[: -len(b"]}")]
+
+    def _text_event(self, choice_opening: bytes, text: str, choice_closing: bytes) -> bytes:
+        return self._opening + choice_opening + json_bytes(text) + choice_closing + b"]}\n\n"
 
     def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -236,7 +251,12 @@ class ChatEvents(_Events):
     def encode(self, batch: list[Chunk], gen: Generation) -> bytes:
         out = bytearray()
         for chunk in batch:
-            if chunk.content or chunk.thinking or chunk.tool_calls or chunk.logprobs:
+            if chunk.content and not (chunk.thinking or chunk.tool_calls or chunk.logprobs):
+                out += self._text_event(
+                    b'{"index":0,"delta":{"role":"assistant","content":', chunk.content,
+                    b'},"finish_reason":null}',
+                )  # fmt: skip
+            elif chunk.content or chunk.thinking or chunk.tool_calls or chunk.logprobs:
                 delta: dict[str, Any] = {"role": "assistant", "content": chunk.content}
                 if chunk.thinking:
                     delta["reasoning"] = chunk.thinking
@@ -275,7 +295,11 @@ class CompletionEvents(_Events):
     def encode(self, batch: list[Chunk], gen: Generation) -> bytes:
         out = bytearray()
         for chunk in batch:
-            if chunk.content or chunk.logprobs:
+            if chunk.content and not chunk.logprobs:
+                out += self._text_event(
+                    b'{"text":', chunk.content, b',"index":0,"finish_reason":null,"logprobs":null}'
+                )
+            elif chunk.logprobs:
                 out += _sse(self.envelope([self._choice(chunk.content, None, chunk.logprobs)]))
             if chunk.done:
                 out += self._closing(chunk, self._choice("", chunk.done_reason or "stop"))

@@ -4,6 +4,7 @@ and the aggregation of a stream into one object for ``"stream": false``."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
@@ -15,9 +16,30 @@ NDJSON = "application/x-ndjson"
 FOREVER = timedelta(days=292 * 365)
 
 
+class _Now:
+    """Now in RFC 3339 (UTC, microseconds), the date and time of day formatted once a second:
+    every streamed line carries one."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+
+    def __call__(self) -> str:
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+        return f"{self._prefix}{int((now - second) * 1e6):06d}Z"
+
+
+rfc3339_now = _Now()
+
+
 def rfc3339(moment: datetime | None = None) -> str:
     """RFC 3339 with microseconds; UTC is written ``Z`` as Go does."""
-    moment = moment or datetime.now(UTC)
+    if moment is None:
+        return rfc3339_now()
     if moment.tzinfo is None:
         moment = moment.astimezone()
     text = moment.isoformat(timespec="microseconds")
