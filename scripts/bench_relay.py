@@ -9,12 +9,16 @@ runners) can be divided by the tokens it relayed.  The reference is a runner thi
 starts itself with the same options, hit directly on its Unix socket with the same client
 library (httpx) as the API path, so client-side costs cancel out.  Both paths get the same
 raw prompt, greedy sampling, ``ignore_eos`` and ``num_predict``; every client holds one
-keep-alive connection, as the official clients do.  Paths alternate round by round.
+keep-alive connection, as the official clients do.  Paths alternate round by round.  With
+``--before <checkout>`` a second server runs that checkout's code side by side, and its rounds
+are interleaved with the others (an A/B comparison that a noisy machine affects alike).
 
     .venv/bin/python scripts/bench_relay.py [--streams 1,4,8,32] [--tokens 64] [--rounds 5]
+        [--before /path/to/other/checkout]
 
-Columns: server CPU µs per relayed token; TTFT p50/p99 (request sent -> first token) through
-the API and direct; aggregate tokens/s through the API over direct.
+Columns: server CPU µs per relayed token (its kernel share); TTFT p50/p99 (request sent ->
+first token) through the API and direct; aggregate tokens/s through the API and direct, and
+their ratio (medians over rounds).
 """
 
 from __future__ import annotations
@@ -123,45 +127,54 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def main(args: argparse.Namespace) -> None:
-    stream_counts = [int(s) for s in args.streams.split(",")]
-    most = max(stream_counts)
-    with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp:
-        root = Path(tmp)
-        model = write_tiny_gguf(root / "tiny.gguf", layers=2, embd=64, vocab=300, ctx=4096)
-        store = ModelStore(root / "models")
-        for _ in store.import_gguf("tiny", model):
-            pass
-        port = free_port()
-        env = dict(
-            os.environ,
-            OLLAMA_HOST=f"127.0.0.1:{port}",
-            OLLAMA_MODELS=str(store.root),
-            OLLAMA_NUM_PARALLEL=str(most),
-            OLLAMA_KEEP_ALIVE="-1",
-            OLLAMA_MAX_QUEUE="4096",
-        )
-        if args.server_path:  # serve another checkout's code (A/B against an older version)
-            env["PYTHONPATH"] = args.server_path  # an absolute path
-        server = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "ollamatrio", "serve"],
-            env=env,
-            # ``python -m`` puts the working directory ahead of PYTHONPATH: run from the
-            # other checkout, or this checkout's package is the one imported.
-            cwd=args.server_path or None,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        if args.profile:
-            profiler = await trio.lowlevel.open_process(
-                ["py-spy", "record", "-p", str(server.pid), "-o", args.profile, "-f", "raw",
-                 "-r", "200"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-        try:
-            await measure(args, stream_counts, most, model, port, server.pid)
-        finally:
-            if args.profile:
+@dataclass
+class Server:
+    """A ``python -m ollamatrio serve`` subprocess, measured as one path."""
+
+    name: str
+    url: str
+    pid: int
+    clients: list[httpx.AsyncClient]
+    rounds: dict[int, list[Round]]
+
+
+async def start_server(
+    nursery: trio.Nursery, store: ModelStore, most: int, code: str | None, profile: str | None,
+    *, task_status: trio.TaskStatus[tuple[int, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:  # fmt: skip
+    """Run a server (``code``: another checkout's package) until cancelled; started() gets
+    its port and pid."""
+    port = free_port()
+    env = dict(
+        os.environ,
+        OLLAMA_HOST=f"127.0.0.1:{port}",
+        OLLAMA_MODELS=str(store.root),
+        OLLAMA_NUM_PARALLEL=str(most),
+        OLLAMA_KEEP_ALIVE="-1",
+        OLLAMA_MAX_QUEUE="4096",
+    )
+    if code:  # serve another checkout's code (A/B against an older version)
+        env["PYTHONPATH"] = code  # an absolute path
+    server = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "ollamatrio", "serve"],
+        env=env,
+        # ``python -m`` puts the working directory ahead of PYTHONPATH: run from the
+        # other checkout, or this checkout's package is the one imported.
+        cwd=code,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    if profile:
+        profiler = await trio.lowlevel.open_process(
+            ["py-spy", "record", "-p", str(server.pid), "-o", profile, "-f", "raw", "-r", "200"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    try:
+        task_status.started((port, server.pid))
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            if profile:
                 profiler.send_signal(2)
                 with trio.move_on_after(30):
                     await profiler.wait()
@@ -171,20 +184,52 @@ async def main(args: argparse.Namespace) -> None:
             server.kill()
 
 
+async def main(args: argparse.Namespace) -> None:
+    stream_counts = [int(s) for s in args.streams.split(",")]
+    most = max(stream_counts)
+    with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp:
+        root = Path(tmp)
+        model = write_tiny_gguf(root / "tiny.gguf", layers=2, embd=64, vocab=300, ctx=4096)
+        store = ModelStore(root / "models")
+        for _ in store.import_gguf("tiny", model):
+            pass
+        async with trio.open_nursery() as nursery:
+            servers = []
+            for name, code, profile in (
+                ("after", args.server_path, args.profile),
+                ("before", args.before, None),
+            ):
+                if name == "after" or code:
+                    port, pid = await nursery.start(
+                        start_server, nursery, store, most, code, profile
+                    )
+                    url = f"http://127.0.0.1:{port}"
+                    clients = [httpx.AsyncClient(base_url=url, timeout=120) for _ in range(most)]
+                    servers.append(Server(name, url, pid, clients, {}))
+            await measure(args, stream_counts, most, model, servers)
+            nursery.cancel_scope.cancel()
+
+
+async def wait_ready(url: str) -> None:
+    """Wait until the server answers."""
+    # Readiness on a connection of its own: the clients' connections carry only generations
+    # (a server may serve those on a faster path than other requests).
+    async with httpx.AsyncClient(base_url=url) as probe:
+        with trio.fail_after(60):
+            while True:
+                try:
+                    await probe.get("/api/version")
+                    break
+                except httpx.TransportError:
+                    await trio.sleep(0.1)
+
+
 async def measure(
-    args: argparse.Namespace, stream_counts: list[int], most: int, model: Path, port: int,
-    server_pid: int,
+    args: argparse.Namespace, stream_counts: list[int], most: int, model: Path,
+    servers: list[Server],
 ) -> None:  # fmt: skip
-    server = psutil.Process(server_pid)
-    url = f"http://127.0.0.1:{port}"
-    clients = [httpx.AsyncClient(base_url=url, timeout=120) for _ in range(most)]
-    with trio.fail_after(60):
-        while True:
-            try:
-                await clients[0].get("/api/version")
-                break
-            except httpx.TransportError:
-                await trio.sleep(0.1)
+    for server in servers:
+        await wait_ready(server.url)
     spec = LoadSpec(
         model_path=str(model), name="tiny", num_ctx=256, num_parallel=most, num_batch=512,
         num_thread=args.threads, num_gpu=0 if args.cpu else -1,
@@ -204,55 +249,73 @@ async def measure(
         )
         direct_body = json.dumps(body).encode()
 
-        async def via_api(i: int) -> tuple[float, int]:
-            return await api_stream(clients[i], args.tokens, args.threads)
+        def via_api(server: Server) -> object:
+            async def one(i: int) -> tuple[float, int]:
+                return await api_stream(server.clients[i], args.tokens, args.threads)
+
+            return one
 
         async def via_direct(i: int) -> tuple[float, int]:
             return await direct_stream(runner, direct_body)
 
-        # Load the model in the server and warm every client's connection.
-        await run_round(most, via_api)
+        # Load the model in each server and warm every client's connection.
+        for server in servers:
+            await run_round(most, via_api(server))
         await run_round(most, via_direct)
-        rows = []
+        direct: dict[int, list[Round]] = {}
         for streams in stream_counts:
-            api_rounds: list[Round] = []
-            direct_rounds: list[Round] = []
             for _ in range(args.rounds):
-                before = server.cpu_times()
-                r = await run_round(streams, via_api)
-                after = server.cpu_times()
-                r.server_sys = after.system - before.system
-                r.server_cpu = (after.user - before.user) + r.server_sys
-                api_rounds.append(r)
-                direct_rounds.append(await run_round(streams, via_direct))
-            rows.append((streams, api_rounds, direct_rounds))
+                for server in servers:
+                    process = psutil.Process(server.pid)
+                    before = process.cpu_times()
+                    r = await run_round(streams, via_api(server))
+                    after = process.cpu_times()
+                    r.server_sys = after.system - before.system
+                    r.server_cpu = (after.user - before.user) + r.server_sys
+                    server.rounds.setdefault(streams, []).append(r)
+                direct.setdefault(streams, []).append(await run_round(streams, via_direct))
         await runner.aclose()
-    for c in clients:
-        await c.aclose()
+    for server in servers:
+        for c in server.clients:
+            await c.aclose()
+    report(args, stream_counts, servers, direct)
 
+
+def report(
+    args: argparse.Namespace, stream_counts: list[int], servers: list[Server],
+    direct: dict[int, list[Round]],
+) -> None:  # fmt: skip
+    names = " / ".join(s.name for s in servers)
     print(
         f"tiny model, {args.tokens} tokens per request, {args.rounds} rounds per row, "
-        f"llama.cpp threads {args.threads}, one keep-alive client per stream"
+        f"llama.cpp threads {args.threads}, one keep-alive client per stream; "
+        f"API columns: {names}"
     )
     print(
-        "| streams | server CPU µs/token (kernel) | TTFT p50 ms API / direct "
-        "| TTFT p99 ms API / direct | tokens/s API / direct (ratio) |"
+        f"| streams | server CPU µs/token (kernel), {names} | TTFT p50 ms {names} / direct "
+        f"| TTFT p99 ms {names} / direct | tokens/s {names} / direct (ratios) |"
     )
     print("|---|---|---|---|---|")
-    for streams, api_rounds, direct_rounds in rows:
-        relayed = sum(r.tokens for r in api_rounds)
-        cpu = sum(r.server_cpu for r in api_rounds) / relayed
-        kernel = sum(r.server_sys for r in api_rounds) / relayed
-        api_ttft = [t for r in api_rounds for t in r.ttfts]
-        direct_ttft = [t for r in direct_rounds for t in r.ttfts]
-        api_tps = statistics.median(r.tokens / r.wall for r in api_rounds)
-        direct_tps = statistics.median(r.tokens / r.wall for r in direct_rounds)
-        ttft50 = statistics.median(api_ttft) * 1e3, statistics.median(direct_ttft) * 1e3
+    for streams in stream_counts:
+        cpu, p50, p99, tps = [], [], [], []
+        direct_tps = statistics.median(r.tokens / r.wall for r in direct[streams])
+        for server in servers:
+            rounds = server.rounds[streams]
+            relayed = sum(r.tokens for r in rounds)
+            user_sys = sum(r.server_cpu for r in rounds) / relayed * 1e6
+            kernel = sum(r.server_sys for r in rounds) / relayed * 1e6
+            cpu.append(f"{user_sys:.1f} ({kernel:.1f})")
+            ttfts = [t for r in rounds for t in r.ttfts]
+            p50.append(f"{statistics.median(ttfts) * 1e3:.2f}")
+            p99.append(f"{pct(ttfts, 0.99) * 1e3:.2f}")
+            tps.append(statistics.median(r.tokens / r.wall for r in rounds))
+        direct_ttfts = [t for r in direct[streams] for t in r.ttfts]
+        p50.append(f"{statistics.median(direct_ttfts) * 1e3:.2f}")
+        p99.append(f"{pct(direct_ttfts, 0.99) * 1e3:.2f}")
+        ratios = ", ".join(f"{t / direct_tps:.3f}" for t in tps)
         print(
-            f"| {streams} | {cpu * 1e6:.1f} ({kernel * 1e6:.1f}) "
-            f"| {ttft50[0]:.2f} / {ttft50[1]:.2f} "
-            f"| {pct(api_ttft, 0.99) * 1e3:.2f} / {pct(direct_ttft, 0.99) * 1e3:.2f} "
-            f"| {api_tps:.0f} / {direct_tps:.0f} ({api_tps / direct_tps:.3f}) |"
+            f"| {streams} | {' / '.join(cpu)} | {' / '.join(p50)} | {' / '.join(p99)} "
+            f"| {' / '.join(f'{t:.0f}' for t in tps)} / {direct_tps:.0f} ({ratios}) |"
         )
 
 
@@ -267,4 +330,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--server-path", type=os.path.abspath, help="serve the ollamatrio package of this checkout"
     )
+    parser.add_argument(
+        "--before", type=os.path.abspath,
+        help="also serve this checkout's package, side by side, rounds interleaved (A/B)",
+    )  # fmt: skip
     trio.run(main, parser.parse_args())
