@@ -19,6 +19,7 @@ such a request is sent once more on a fresh connection (nothing was processed).
 from __future__ import annotations
 
 import json
+import os
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -84,14 +85,30 @@ class _Connection:
         self.buffer = bytearray()  # received, not yet consumed
         self.idle_since = 0.0
         self.received_any = False
+        # The last read did not fill the buffer, so the socket is most likely empty: the
+        # next one waits for data first instead of trying (and failing) a read.
+        self._drained = False
 
     async def receive(self) -> bytes:
+        """The next bytes from the runner: one wait for data (the scheduler trip per token)
+        and one ``read``, the fewest system calls a streamed token can take."""
+        sock = self.stream.socket
         try:
-            data = await self.stream.receive_some(RECEIVE_SIZE)
-        except (trio.BrokenResourceError, OSError) as exc:
+            if self._drained:
+                await trio.lowlevel.wait_readable(sock)
+            else:
+                await trio.lowlevel.checkpoint()
+            while True:
+                try:
+                    data = os.read(sock.fileno(), RECEIVE_SIZE)
+                    break
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(sock)
+        except (trio.ClosedResourceError, OSError) as exc:
             raise RunnerConnectionError(f"connection to the runner failed: {exc}") from exc
         if not data:
             raise RunnerConnectionError("the runner closed the connection")
+        self._drained = len(data) < RECEIVE_SIZE
         self.received_any = True
         return data
 
