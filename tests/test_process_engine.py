@@ -34,6 +34,7 @@ from ollamatrio.engines.process import (
     RunnerClient,
     _ChunkStream,
     open_runner_http,
+    stall_guard,
 )
 from ollamatrio.engines.protocol import Chunk, CompletionRequest, LoadSpec
 from ollamatrio.engines.runner_http import parse_event
@@ -553,13 +554,15 @@ async def test_a_silent_stream_fails_after_the_stall_timeout(
         yield b'data: {"content": "!", "stop": true}\n\n'
 
     client = RunnerClient(name="t", context_length=2048, stall_timeout=300)
-    async with aclosing(body()) as source:
-        stream = _ChunkStream(client, ScriptedEvents(source), CompletionStream())
-        assert (await stream.__anext__()).content == "Hello"
-        assert (await stream.__anext__()).content == " there"  # 299 s of silence is allowed
-        with pytest.raises(RunnerError, match="stopped responding: no output for 300s"):
-            await stream.__anext__()
-    assert trio.current_time() == 599
+    seen = []
+    with pytest.raises(RunnerError, match="stopped responding: no output for 300s"):
+        async with aclosing(body()) as source, stall_guard(client) as stall:
+            stream = _ChunkStream(client, ScriptedEvents(source), CompletionStream(), None, stall)
+            async for chunk in stream:
+                seen.append(chunk.content)
+                await trio.sleep(1000)  # the consumer's own time is not the runner's silence
+    assert seen == ["Hello", " there"]  # 299 s of silence is allowed
+    assert trio.current_time() == 2599
 
 
 async def test_duplicate_tokens_abort_is_reported(tiny_gguf: TinyGGUF) -> None:
@@ -709,7 +712,8 @@ async def test_a_generation_stuck_on_one_piece_is_ended() -> None:
     async with aclosing(body()) as source:
         events = ScriptedEvents(source)
         client = RunnerClient(name="t", context_length=2048)
-        chunks = [chunk async for chunk in _ChunkStream(client, events, CompletionStream())]
+        stream = _ChunkStream(client, events, CompletionStream(), None, trio.CancelScope())
+        chunks = [chunk async for chunk in stream]
     assert [c.content for c in chunks[:-1]] == ["Hello"] + [" la"] * 31
     assert chunks[-1].done
     assert chunks[-1].done_reason == "stop"

@@ -319,7 +319,8 @@ class RunnerClient:
             # Leaving closes the connection: that is what tells llama.cpp to stop and free
             # the slot (synchronously, so it happens in a cancelled scope too).
             context = _Context(self, request) if request.return_context else None
-            yield _ChunkStream(self, events, parser, context)
+            async with stall_guard(self) as stall:
+                yield _ChunkStream(self, events, parser, context, stall)
 
     def _context_limit(self, request: CompletionRequest) -> int:
         """Tokens a request may fill: its own ``num_ctx`` when a runner loaded with a larger
@@ -696,6 +697,17 @@ class ProcessEngine(RunnerClient):
         return not self._exited.is_set() and await super().healthy()
 
 
+@asynccontextmanager
+async def stall_guard(engine: RunnerClient) -> AsyncIterator[trio.CancelScope]:
+    """The stall deadline of one generation: a scope around the whole stream that its reads
+    arm (``_ChunkStream._read``) and disarm, cheaper per token than a scope per read.  When
+    it fires, the block ends with the engine's stall error."""
+    with trio.CancelScope() as scope:
+        yield scope
+    if scope.cancelled_caught:
+        raise await engine._stalled()
+
+
 class _Context:
     """/api/generate's ``context`` for one generation: the prompt and the answer as token
     ids, computed once the answer is complete (Ollama tokenizes prompt + answer text)."""
@@ -731,10 +743,13 @@ class _ChunkStream:
         engine: RunnerClient,
         events: EventSource,
         parser: ChatStream | CompletionStream,
-        context: _Context | None = None,
+        context: _Context | None,
+        stall: trio.CancelScope,
     ) -> None:
+        """``stall``: the scope of :func:`stall_guard` around the stream's use."""
         self._engine = engine
         self._events = events
+        self._stall = stall
         self._parser = parser
         self._context = context
         self._pending: list[Chunk] = []
@@ -783,16 +798,18 @@ class _ChunkStream:
         return self._repeats > REPEAT_LIMIT
 
     async def _read(self) -> list[Chunk]:
-        events: list[dict[str, Any]] = []
-        with trio.move_on_after(self._engine.stall_timeout) as stall:
-            try:
-                events = await self._events.next_batch()
-            except RunnerConnectionError as exc:
-                self._finished = True
-                raise await self._engine._runner_gone(exc) from exc
-        if stall.cancelled_caught:
+        timeout = self._engine.stall_timeout
+        stall = self._stall if timeout != math.inf else None
+        if stall is not None:
+            stall.deadline = trio.current_time() + timeout
+        try:
+            events = await self._events.next_batch()
+        except RunnerConnectionError as exc:
             self._finished = True
-            raise await self._engine._stalled()
+            raise await self._engine._runner_gone(exc) from exc
+        finally:
+            if stall is not None:
+                stall.deadline = math.inf  # the time spent elsewhere is not a stall
         chunks: list[Chunk] = []
         try:
             for event in events:
