@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager, nullcontext
 from typing import Any, Protocol
 
+import orjson
 import trio
 
 from ..engines.protocol import Chunk, CompletionRequest
@@ -115,7 +116,8 @@ class GenerateLines:
 
     content_type = NDJSON
     # A line that carries only text (most of them) is spliced from bytes, not encoded
-    # from a dict: ``{"model":…,"created_at":…,`` + opening + the text + closing.
+    # from a dict: ``{"model":…,"created_at":…,`` + opening + the text + closing.  orjson
+    # writes a string exactly as json_bytes does, ten times faster.
     _text_opening = b'"response":'
     _text_closing = b',"done":false}\n'
 
@@ -130,7 +132,7 @@ class GenerateLines:
 
     def _line(self, start: bytes, chunk: Chunk, gen: Generation) -> bytes:
         if not (chunk.done or chunk.thinking or chunk.logprobs or chunk.tool_calls):
-            return start + self._text_opening + json_bytes(chunk.content) + self._text_closing
+            return start + self._text_opening + orjson.dumps(chunk.content) + self._text_closing
         obj = self._body(chunk)
         if chunk.logprobs:
             obj["logprobs"] = list(chunk.logprobs)
@@ -210,7 +212,7 @@ class _Events:
         self._opening = b"data: " + json_bytes(self.envelope([]))[: -len(b"]}")]
 
     def _text_event(self, choice_opening: bytes, text: str, choice_closing: bytes) -> bytes:
-        return self._opening + choice_opening + json_bytes(text) + choice_closing + b"]}\n\n"
+        return self._opening + choice_opening + orjson.dumps(text) + choice_closing + b"]}\n\n"
 
     def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
