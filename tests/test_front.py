@@ -287,3 +287,20 @@ async def test_shutdown_closes_idle_connections_at_once(tmp_path: Path, tiny_ggu
                 with trio.fail_after(5):
                     assert await ours.closed()
                 # (hypercorn closes its idle connections when the grace period ends)
+
+
+async def test_expect_100_continue_as_curl_sends_it(api_server) -> None:
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            client = await Client.open(srv.url)
+            async with client.stream:
+                head, _, body = client.request(
+                    "/api/generate", GENERATE, extra=b"Expect: 100-continue\r\n"
+                ).partition(b"\r\n\r\n")
+                await client.send(head + b"\r\n\r\n")
+                assert await client._line() == b"HTTP/1.1 100 Continue"
+                assert await client._line() == b""
+                await client.send(body)
+                r = await client.response()
+                assert (r.status, r.by_front_door) == (200, True)
+                assert r.lines()[-1]["done"] is True

@@ -114,7 +114,12 @@ class Front:
 
     async def handle(self, stream: trio.SocketStream) -> None:
         """One accepted connection, for as long as it lives."""
-        connection = _Connection(self, stream)
+        try:
+            connection = _Connection(self, stream)
+        except OSError:  # the client is already gone (getpeername)
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+            return
         try:
             handoff = await connection.serve()
         except Exception:  # a bug here must not take the server down with it
@@ -312,6 +317,9 @@ class _Exchange:
         if self.body_left > MAX_JSON_BODY:  # never read: answered 413 at once
             raise RequestTooLargeError(f"request body exceeds {MAX_JSON_BODY} bytes")
         if self.body_left and not connection.buffer:
+            if self.head.expect_continue and not self.started:
+                self.head.expect_continue = False  # once
+                await connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             await connection.receive()
             if connection.eof:
                 return {"type": "http.disconnect"}

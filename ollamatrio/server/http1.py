@@ -36,6 +36,7 @@ class Head:
     headers: list[tuple[bytes, bytes]]  # names lower-cased, values stripped
     content_length: int
     close: bool  # the client asked to close after this exchange
+    expect_continue: bool  # the client waits for "100 Continue" before it sends the body
 
 
 def parse_head(raw: bytes, paths: frozenset[bytes]) -> Head | None:
@@ -54,7 +55,7 @@ def parse_head(raw: bytes, paths: frozenset[bytes]) -> Head | None:
         return None
     headers = []
     length: bytes | None = None
-    chunked = close = host = False
+    chunked = close = host = expect_continue = False
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon or not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
@@ -67,7 +68,11 @@ def parse_head(raw: bytes, paths: frozenset[bytes]) -> Head | None:
             length = value
         elif name == b"transfer-encoding":
             chunked = True
-        elif name in (b"expect", b"upgrade"):
+        elif name == b"expect":
+            if value.lower() != b"100-continue":
+                return None  # hypercorn answers 417
+            expect_continue = True
+        elif name == b"upgrade":
             return None
         elif name == b"connection":
             tokens = {t.strip().lower() for t in value.split(b",")}
@@ -83,7 +88,7 @@ def parse_head(raw: bytes, paths: frozenset[bytes]) -> Head | None:
         return None  # a chunked request body: hypercorn's
     if not host:
         return None  # HTTP/1.1 requires it; hypercorn says so
-    return Head(target.decode("ascii"), headers, int(length or 0), close)
+    return Head(target.decode("ascii"), headers, int(length or 0), close, expect_continue)
 
 
 class _Date:
