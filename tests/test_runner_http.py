@@ -14,6 +14,7 @@ import trio
 
 from ollamatrio.engines.runner_http import (
     ChunkedDecoder,
+    EventStream,
     RunnerConnectionError,
     RunnerHttp,
     RunnerStatusError,
@@ -110,6 +111,31 @@ def test_chunked_decoder_survives_any_split() -> None:
             pos += step
         assert decoder.finished
         assert bytes(out) == body
+
+
+class _Idle:
+    buffer = bytearray()  # what EventStream takes over from a connection
+
+
+def test_events_are_the_same_however_the_stream_is_chunked_and_read() -> None:
+    """The fast path (one read = one chunk = one event, as llama.cpp streams) and the general
+    one decode the same events from any chunking and any reads."""
+    events = [{"content": c, "stop": False} for c in ("a", " the", "\n\nx", "é")]
+    body = b"".join(sse(*events)) + b'error: {"message": "x"}\n\ndata: [DONE]\n\n'
+    expected = [*events, {"error": {"message": "x"}}]
+    rng = random.Random(11)
+    for _ in range(500):
+        cuts = sorted(rng.sample(range(1, len(body)), rng.randint(0, 6)))
+        wire = chunked(*(body[i:j] for i, j in zip([0, *cuts], [*cuts, len(body)], strict=True)))
+        reads = sorted(rng.sample(range(1, len(wire)), rng.randint(0, 8)))
+        stream = EventStream(_Idle())  # type: ignore[arg-type]
+        out = []
+        for i, j in zip([0, *reads], [*reads, len(wire)], strict=True):
+            out += stream._decode(wire[i:j])
+        assert out == expected
+        assert stream.ended
+    stream = EventStream(_Idle())  # type: ignore[arg-type]
+    assert [stream._decode(chunked(piece)[:-5]) for piece in sse(*events)] == [[e] for e in events]
 
 
 def test_bad_chunk_size_is_a_connection_error() -> None:

@@ -33,6 +33,7 @@ MAX_IDLE: Final = 8  # pooled connections per runner
 #: llama.cpp closes idle connections after 5 s; give them up a little earlier.
 IDLE_LIMIT: Final = 4.0
 RECEIVE_SIZE: Final = 65536
+_HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
 
 
 class RunnerConnectionError(Exception):
@@ -153,6 +154,14 @@ class ChunkedDecoder:
 
     def feed(self, data: bytes | bytearray) -> bytes:
         """Body bytes decoded from ``data`` (and whatever was left over before)."""
+        if not self._raw and self._state == self._SIZE:
+            # The common case while streaming: ``data`` is exactly one whole chunk (llama.cpp
+            # writes an event a chunk, and a read takes what one write sent).
+            eol = data.find(b"\r\n")
+            if 0 < eol <= 8 and not data[:eol].strip(_HEX_DIGITS):
+                end = eol + 2 + int(data[:eol], 16)
+                if end > eol + 2 and len(data) == end + 2 and data.endswith(b"\r\n"):
+                    return bytes(data[eol + 2 : end])
         raw = self._raw
         raw += data
         out = bytearray()
@@ -219,10 +228,18 @@ class EventStream:
         self._pending = self._decode(first) if first else []
 
     def _decode(self, data: bytes | bytearray) -> list[dict[str, Any]]:
-        events = self._events
-        events += self._decoder.feed(data)
+        body = self._decoder.feed(data)
         if self._decoder.finished:
             self.ended = True
+        if (
+            not self._events and body.startswith(b"data: ") and body.endswith(b"\n\n")
+            and body.find(b"\n") == len(body) - 2
+        ):  # fmt: skip
+            # The common case: one whole ``data:`` event, the JSON on its one line.
+            event = parse_data(body[6:-2])
+            return [] if event is None else [event]
+        events = self._events
+        events += body
         out: list[dict[str, Any]] = []
         start = 0
         while True:
@@ -247,16 +264,21 @@ class EventStream:
         return []
 
 
+def parse_data(payload: bytes) -> dict[str, Any] | None:
+    """A ``data:`` line's payload; None for ``[DONE]``."""
+    payload = payload.strip()
+    if payload == b"[DONE]":
+        return None
+    event = orjson.loads(payload)  # once per token: five times faster than json's
+    return event if isinstance(event, dict) else {"data": event}
+
+
 def parse_event(raw: bytes | bytearray) -> dict[str, Any] | None:
     """One SSE event's payload: ``data: {...}`` or ``error: {...}``; None for comments,
     empty events and ``[DONE]``."""
     for line in bytes(raw).split(b"\n"):
         if line.startswith(b"data:"):
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                return None
-            event = orjson.loads(payload)  # once per token: five times faster than json's
-            return event if isinstance(event, dict) else {"data": event}
+            return parse_data(line[5:])
         if line.startswith(b"error:"):
             event = json.loads(line[6:].strip())
             if not isinstance(event, dict) or "error" not in event:
