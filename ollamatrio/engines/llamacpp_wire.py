@@ -235,7 +235,8 @@ class CompletionStream:
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         raise_for_error(event)
         content = event.get("content") or ""
-        logprobs = ollama_logprobs(event.get("completion_probabilities"), self._top)
+        probabilities = event.get("completion_probabilities")
+        logprobs = ollama_logprobs(probabilities, self._top) if probabilities else ()
         # A token that ends inside a UTF-8 sequence has no text yet, but has its logprob.
         piece = [Chunk(content=content, logprobs=logprobs)] if content or logprobs else []
         if not event.get("stop"):

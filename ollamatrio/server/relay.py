@@ -151,6 +151,8 @@ class GenerateLines:
     def encode(self, batch: list[Chunk], gen: Generation) -> bytes:
         # One timestamp per wake-up.
         start = self._prefix + rfc3339_now().encode() + b'",'
+        if len(batch) == 1:  # most wake-ups
+            return self._line(start, batch[0], gen) if self._wanted(batch[0]) else b""
         return b"".join(self._line(start, c, gen) for c in batch if self._wanted(c))
 
     def error(self, message: str, status: int) -> bytes:
