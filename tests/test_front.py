@@ -198,9 +198,11 @@ async def test_an_oversize_body_is_413_without_being_read(api_server) -> None:
             for path, shape in (("/api/generate", "error"), ("/v1/chat/completions", "error")):
                 client = await Client.open(srv.url)
                 async with client.stream:
+                    # Part of the body is on its way when the answer comes: the server
+                    # must not reset the connection before the client has read it.
                     await client.send(
-                        b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n{"
-                        % (path.encode(), client.host, MAX_JSON_BODY + 1)
+                        b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n%s"
+                        % (path.encode(), client.host, MAX_JSON_BODY + 1, b" " * 100_000)
                     )
                     r = await client.response()
                     assert (r.status, r.by_front_door) == (413, True)

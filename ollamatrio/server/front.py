@@ -18,6 +18,7 @@ hypercorn versions this was checked against.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -55,6 +56,7 @@ RECEIVE_SIZE = 64 * 1024
 # A response piece is never cut half-way (the framing would break): a client that takes more
 # than this to accept the rest of one is dropped.
 SEND_TIMEOUT = 30.0
+LINGER = 2.0  # seconds a closing connection reads what the client still sends (close())
 _HANDOFF = object()
 _FRAMING = (b"content-length", b"transfer-encoding", b"connection")
 
@@ -127,8 +129,7 @@ class Front:
             handoff = False
         finally:
             if not connection.handed_off:
-                with trio.CancelScope(shield=True):
-                    await stream.aclose()
+                await connection.close()
         if handoff:
             state = ConnectionState(self.state.copy())
             replay = ReplayStream(stream, bytes(connection.buffer))
@@ -152,6 +153,9 @@ class _Connection:
         self.handed_off = False
         self.eof = False  # the client closed its side (or the connection broke)
         self.broken = False  # a write failed: nothing more can be written
+        # We answered without reading all the client sent: closing at once could reset the
+        # connection (unread data) before the client reads the answer (see close()).
+        self.linger = False
         self.fd = stream.socket.fileno()  # for writes that need not wait (see write())
         peer = stream.socket.getpeername()
         self.client = (peer[0], peer[1])
@@ -193,6 +197,7 @@ class _Connection:
         except BadRequest as exc:
             text = str(exc).encode()
             await self.write(response_head(400, [], content_length(len(text)), close=True) + text)
+            self.linger = True
             return None
         if head is None:
             return _HANDOFF
@@ -235,6 +240,18 @@ class _Connection:
             if len(self.buffer) > MAX_HEAD:
                 await trio.sleep_forever()  # it is sending more than one head: wait for us
             await self.receive()
+
+    async def close(self) -> None:
+        """Close; after an answer that left part of the request unread, say so first (FIN)
+        and read what the client still sends for a while, so that the kernel does not reset
+        the connection before the client has read the answer."""
+        with trio.CancelScope(shield=True):
+            if self.linger and not (self.eof or self.broken):
+                with trio.move_on_after(LINGER), contextlib.suppress(trio.BrokenResourceError):
+                    await self.stream.send_eof()
+                    while await self.stream.receive_some(RECEIVE_SIZE):
+                        pass
+            await self.stream.aclose()
 
     async def write(self, data: bytes) -> None:
         """Send ``data`` whole, or mark the connection broken.
@@ -346,8 +363,9 @@ class _Exchange:
         if not self.started:
             self.started = True
             # A body not read to its end leaves the connection unusable for the next request.
+            connection.linger = self.body_left > 0
             self.close = (
-                self.head.close or self.body_left > 0 or connection.eof
+                self.head.close or connection.linger or connection.eof
                 or connection.front.stopping
             )  # fmt: skip
             framing = CHUNKED if more else content_length(len(body))
