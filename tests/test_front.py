@@ -1,24 +1,33 @@
-"""The HTTP front door (server/front.py) at the byte level: generation requests served on
-raw Trio, keep-alive across requests, the hand-off of anything else to hypercorn (with the
-bytes already read), framing it refuses, and idle connections at shutdown.
+"""The HTTP front door (server/front.py, server/asgi_http.py) at the byte level: every simple
+HTTP/1.1 request served on raw Trio, keep-alive across requests of any kind, the hand-off of
+anything else to hypercorn (with the bytes already read), framing it refuses, and idle
+connections at shutdown.
 
 Which server answered is visible in the response head: hypercorn adds ``server:
 hypercorn-h11``, the front door no ``server`` header."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import trio
+from hypercorn.config import Config
 
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
 from ollamatrio.serve import serve
+from ollamatrio.server.asgi_http import Exchange
+from ollamatrio.server.front import RECEIVE_SIZE, serve_http
+from ollamatrio.server.models import ApiContext
 from ollamatrio.server.requests import MAX_JSON_BODY
 from ollamatrio.store import ModelStore
 
@@ -86,12 +95,8 @@ class Client:
         return line
 
     async def response(self) -> Response:
-        status_line = await self._line()
-        status = int(status_line.split(b" ")[1])
-        headers: dict[bytes, bytes] = {}
-        while line := await self._line():
-            name, _, value = line.partition(b":")
-            headers[name.strip().lower()] = value.strip()
+        head = await self.response_to_head()
+        status, headers = head.status, head.headers
         if headers.get(b"transfer-encoding") == b"chunked":
             body = bytearray()
             while size := int(await self._line(), 16):
@@ -106,6 +111,20 @@ class Client:
         body = bytes(self.buffer)
         self.buffer.clear()
         return Response(status, headers, body)
+
+    async def response_to_head(self) -> Response:
+        """The status and headers of a response whose body does not follow (HEAD) or is
+        left unread (a stream)."""
+        status = int((await self._line()).split(b" ")[1])
+        headers: dict[bytes, bytes] = {}
+        while line := await self._line():
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+        return Response(status, headers, b"")
+
+    async def exchange_raw(self, request: bytes) -> Response:
+        await self.send(request)
+        return await self.response()
 
     async def exchange(self, path: str, body: Any = None, **kwargs: Any) -> Response:
         await self.send(self.request(path, body, **kwargs))
@@ -142,21 +161,125 @@ async def test_one_connection_carries_many_generations(api_server) -> None:
                     assert r.body.endswith(b"data: [DONE]\n\n")
 
 
-async def test_another_request_hands_the_connection_to_hypercorn(api_server) -> None:
+async def test_mixed_requests_stay_in_the_front_door(api_server) -> None:
+    """As the official clients use one pooled connection: catalog calls between chats."""
     with trio.fail_after(30):
         async with api_server() as srv:
             client = await Client.open(srv.url)
             async with client.stream:
+                r = await client.exchange("/api/tags", method="GET")
+                assert (r.status, r.by_front_door) == (200, True)
+                assert {m["name"] for m in json.loads(r.body)["models"]} >= {"tiny:latest"}
                 r = await client.exchange("/api/generate", GENERATE)
                 assert (r.status, r.by_front_door) == (200, True)
-                # The bytes the front door read of this one are replayed to hypercorn.
-                r = await client.exchange("/api/tags", method="GET")
-                assert (r.status, r.by_front_door) == (200, False)
-                assert {m["name"] for m in json.loads(r.body)["models"]} >= {"tiny:latest"}
-                # The connection stays with hypercorn, and generations still work on it.
-                r = await client.exchange("/api/generate", GENERATE)
-                assert (r.status, r.by_front_door) == (200, False)
                 assert r.lines()[-1]["done"] is True
+                r = await client.exchange("/api/show", {"model": "tiny"})
+                assert (r.status, r.by_front_door) == (200, True)
+                assert "details" in json.loads(r.body)
+                r = await client.exchange("/api/chat", {**CHAT, "stream": True})
+                assert (r.status, r.by_front_door) == (200, True)
+                assert r.lines()[-1]["done"] is True
+                r = await client.exchange("/api/ps", method="GET")
+                assert (r.status, r.by_front_door) == (200, True)
+                r = await client.exchange("/api/generate?x=%20", GENERATE)
+                assert (r.status, r.by_front_door) == (200, True)
+                r = await client.exchange("/metrics", method="GET")
+                assert (r.status, r.by_front_door) == (200, True)
+                assert b'endpoint="/api/show"' in r.body  # Quart's request counting ran
+
+
+async def test_head_and_unknown_paths(api_server) -> None:
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            client = await Client.open(srv.url)
+            async with client.stream:
+                got = await client.exchange("/api/tags", method="GET")
+                await client.send(b"HEAD /api/tags HTTP/1.1\r\nHost: %s\r\n\r\n" % client.host)
+                head = await client.response_to_head()
+                assert (head.status, head.by_front_door) == (200, True)
+                assert head.headers[b"content-length"] == b"%d" % len(got.body)
+                # No body came: the next answer on the connection parses from its first byte.
+                r = await client.exchange("/nope", method="GET")
+                assert (r.status, r.by_front_door) == (404, True)
+                r = await client.exchange("/api/tags", method="PUT")
+                assert (r.status, r.by_front_door) == (405, True)
+                r = await client.exchange("/", method="GET")
+                assert (r.status, r.body) == (200, b"Ollama is running")
+
+
+async def test_a_streamed_create_goes_through_the_adapter(api_server) -> None:
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            client = await Client.open(srv.url)
+            async with client.stream:
+                r = await client.exchange("/api/create", {"model": "new", "from": "tiny"})
+                assert (r.status, r.by_front_door) == (200, True)
+                assert r.headers[b"transfer-encoding"] == b"chunked"
+                assert r.lines()[-1] == {"status": "success"}
+                r = await client.exchange("/api/show", {"model": "new"})
+                assert (r.status, r.by_front_door) == (200, True)
+
+
+async def test_an_events_stream_ends_when_its_client_leaves(api_server) -> None:
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            client = await Client.open(srv.url)
+            async with client.stream:
+                await client.send(b"GET /api/events HTTP/1.1\r\nHost: %s\r\n\r\n" % client.host)
+                head = await client.response_to_head()  # at once, before any event
+                assert (head.status, head.by_front_door) == (200, True)
+                assert head.headers[b"transfer-encoding"] == b"chunked"
+                await srv.scheduler.events.wait_subscribers(1)
+            await srv.scheduler.events.wait_subscribers(0)
+
+
+async def test_a_blob_upload_is_streamed_in_pieces(api_server, monkeypatch) -> None:
+    pieces: list[int] = []
+    receive = Exchange.receive
+
+    async def counting(self: Exchange) -> dict[str, Any]:
+        message = await receive(self)
+        if message["type"] == "http.request":
+            pieces.append(len(message["body"]))
+        return message
+
+    monkeypatch.setattr(Exchange, "receive", counting)
+    data = os.urandom(4 << 20)
+    digest = b"sha256:" + hashlib.sha256(data).hexdigest().encode()
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            client = await Client.open(srv.url)
+            async with client.stream:
+                await client.send(
+                    b"POST /api/blobs/%s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n"
+                    % (digest, client.host, len(data))
+                )
+                await client.send(data)
+                r = await client.response()
+                assert (r.status, r.by_front_door) == (201, True)
+                assert sum(pieces) == len(data)
+                assert max(pieces) <= RECEIVE_SIZE  # never the whole body at once
+                await client.send(
+                    b"HEAD /api/blobs/%s HTTP/1.1\r\nHost: %s\r\n\r\n" % (digest, client.host)
+                )
+                head = await client.response_to_head()
+                assert (head.status, head.by_front_door) == (200, True)
+
+
+async def test_a_route_that_raises_is_500(api_server, monkeypatch) -> None:
+    async def broken(self: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ApiContext, "list_models", broken)
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            client = await Client.open(srv.url)
+            async with client.stream:
+                r = await client.exchange("/api/tags", method="GET")
+                assert (r.status, r.by_front_door) == (500, True)
+                assert "error" in json.loads(r.body)
+                r = await client.exchange("/api/version", method="GET")  # still usable
+                assert (r.status, r.by_front_door) == (200, True)
 
 
 async def test_unusual_requests_go_to_hypercorn(api_server) -> None:
@@ -167,7 +290,6 @@ async def test_unusual_requests_go_to_hypercorn(api_server) -> None:
             plain = Client(None, host).request("/api/generate", GENERATE)  # type: ignore[arg-type]
             unusual = [
                 plain.replace(b"HTTP/1.1", b"HTTP/1.0", 1),
-                plain.replace(b"/api/generate", b"/api/generate?x=1", 1),
                 b"POST /api/generate HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n"
                 b"\r\n%x\r\n%s\r\n0\r\n\r\n" % (host, len(data), data),
                 plain * 2,  # pipelined
@@ -306,3 +428,67 @@ async def test_expect_100_continue_as_curl_sends_it(api_server) -> None:
                 r = await client.response()
                 assert (r.status, r.by_front_door) == (200, True)
                 assert r.lines()[-1]["done"] is True
+
+
+class RawApp:
+    """A plain ASGI app that records the scopes it gets; ``/raise`` raises before answering."""
+
+    def __init__(self) -> None:
+        self.scopes: list[dict[str, Any]] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        self.scopes.append(scope)
+        if scope["path"] == "/raise":
+            raise RuntimeError("boom")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+@asynccontextmanager
+async def raw_server(app: RawApp) -> AsyncIterator[str]:
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        (url,) = await nursery.start(partial(serve_http, app, config, shutdown_trigger=stop.wait))
+        yield url
+        stop.set()
+
+
+async def test_the_scope_is_hypercorns(caplog) -> None:
+    app = RawApp()
+    with trio.fail_after(30):
+        async with raw_server(app) as url:
+            ours = await Client.open(url)
+            async with ours.stream:
+                request = (
+                    b"GET /a%%20b/%%C3%%A9?x=1&y=%%20 HTTP/1.1\r\nHost: %s\r\nX-Thing: Yes\r\n\r\n"
+                    % ours.host
+                )
+                r = await ours.exchange_raw(request)
+                assert (r.status, r.body, r.by_front_door) == (200, b"ok", True)
+                # Two requests at once (pipelined) are hypercorn's.
+                theirs = await Client.open(url)
+                async with theirs.stream:
+                    await theirs.send(request * 2)
+                    for _ in range(2):
+                        r = await theirs.response()
+                        assert (r.status, r.body, r.by_front_door) == (200, b"ok", False)
+                # An app that raises before answering: 500, and the connection closes.
+                r = await ours.exchange("/raise", method="GET")
+                assert (r.status, r.body, r.by_front_door) == (500, b"", True)
+                assert r.headers[b"connection"] == b"close"
+                assert await ours.closed()
+    front, hyper = app.scopes[0], app.scopes[1]
+    assert front["path"] == "/a b/é"
+    for scope in (front, hyper):
+        del scope["client"]  # another port
+        del scope["asgi"]  # hypercorn says spec 2.1 (it supports less than it has)
+    assert front == hyper
+    assert "boom" in caplog.text

@@ -1,19 +1,23 @@
-"""The HTTP front door: the generation routes on raw Trio, every other request on hypercorn.
+"""The HTTP front door: every simple HTTP/1.1 request on raw Trio, anything else on hypercorn.
 
 Hypercorn costs about half of a relayed token's CPU (each ASGI send goes through its h11
 framing, a per-connection lock and a shielded cancel scope) and most of the time to the
-first token, so the server accepts connections itself.  A connection whose requests are
-plain ``POST``s to the four generation routes (HTTP/1.1, ``Content-Length`` body: what the
-official clients send) is served here, request after request on the same keep-alive
-connection, with ASGI-shaped ``receive``/``send`` callables that cost one ``send_all`` per
-body piece.  At the first request that is anything else, the whole connection is handed to
-hypercorn's own per-connection server, the bytes already read replayed first; it stays
-there until it closes.
+first token, so the server accepts connections itself and serves their requests, one after
+another on the same keep-alive connection, with ASGI ``receive``/``send`` callables that cost
+one ``send_all`` per body piece (``server/asgi_http.py``).  A plain request over HTTP/1.1
+with a ``Content-Length`` body (or none) is served here whatever its route: the four
+generation routes go straight to their ASGI handlers (``server/fastpath.py``), everything
+else to the same app hypercorn runs (the events route, then Quart), with the scope hypercorn
+would build.  So the official clients, which call ``/api/show`` or ``/api/tags`` on the
+connection they chat on, keep the cheap path for their generations.
 
-Hypercorn has no public API for serving a connection it did not accept, so
-:func:`serve_http` repeats ``hypercorn.trio.run.worker_serve`` (lifespan, worker context,
-shutdown trigger, graceful timeout) around its ``TCPServer``; ``pyproject.toml`` pins the
-hypercorn versions this was checked against.
+At the first request that is not simple (HTTP/1.0, a chunked body, an upgrade, an oversized
+or unusual head, requests pipelined behind the one being served), the whole connection is
+handed to hypercorn's own per-connection server, the bytes already read replayed first; it
+stays there until it closes.  Hypercorn has no public API for serving a connection it did
+not accept, so :func:`serve_http` repeats ``hypercorn.trio.run.worker_serve`` (lifespan,
+worker context, shutdown trigger, graceful timeout) around its ``TCPServer``;
+``pyproject.toml`` pins the hypercorn versions this was checked against.
 """
 
 from __future__ import annotations
@@ -35,15 +39,13 @@ from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
 from .app import generation_routes_of
-from .errors import RequestTooLargeError
+from .asgi_http import ASGIApp, Exchange
 from .fastpath import GenerationRoutes
 from .http1 import (
-    CHUNKED,
-    LAST_CHUNK,
     MAX_HEAD,
+    TOKEN_BYTES,
     BadRequest,
     Head,
-    chunk,
     content_length,
     parse_head,
     response_head,
@@ -58,7 +60,6 @@ RECEIVE_SIZE = 64 * 1024
 SEND_TIMEOUT = 30.0
 LINGER = 2.0  # seconds a closing connection reads what the client still sends (close())
 _HANDOFF = object()
-_FRAMING = (b"content-length", b"transfer-encoding", b"connection")
 
 
 class ReplayStream(trio.abc.HalfCloseableStream):
@@ -96,16 +97,18 @@ class Front:
     """What the connections share: the apps, and whether shutdown has begun."""
 
     def __init__(
-        self, app: AppWrapper, routes: GenerationRoutes | None, config: Config,
-        context: WorkerContext, state: LifespanState,
+        self, app: ASGIApp, wrapped: AppWrapper, routes: GenerationRoutes | None,
+        config: Config, context: WorkerContext, state: LifespanState,
     ) -> None:  # fmt: skip
-        self.app = app
+        self.app = app  # what hypercorn's wrapper calls (the same callable, the same scope)
+        self.wrapped = wrapped  # for hypercorn
         self.routes = routes
         self.paths = frozenset(p.encode() for p in routes.paths) if routes else frozenset()
         self.config = config
         self.context = context
         self.state = state
         self.stopping = False
+        self.handoffs = 0  # connections handed to hypercorn (tests and logs look)
         self._idle: set[trio.CancelScope] = set()
 
     def stop(self) -> None:
@@ -131,9 +134,10 @@ class Front:
             if not connection.handed_off:
                 await connection.close()
         if handoff:
+            self.handoffs += 1
             state = ConnectionState(self.state.copy())
             replay = ReplayStream(stream, bytes(connection.buffer))
-            await TCPServer(self.app, self.config, self.context, state, replay)  # type: ignore[arg-type]
+            await TCPServer(self.wrapped, self.config, self.context, state, replay)  # type: ignore[arg-type]
 
     def idle(self) -> trio.CancelScope:
         """A scope for waiting on the next request: keep-alive timeout, or shutdown."""
@@ -172,8 +176,15 @@ class _Connection:
                 self.handed_off = True
                 return True
             assert isinstance(head, Head)
-            exchange = _Exchange(self, head)
-            await exchange.run()
+            front = self.front
+            if head.method == "POST" and head.target in front.paths:
+                # A generation: straight to its route, its JSON body limited before reading.
+                assert front.routes is not None
+                exchange = Exchange(self, head, limit=MAX_JSON_BODY, defer_head=True)
+                await exchange.run(front.routes)
+            else:
+                exchange = Exchange(self, head)
+                await exchange.run(front.app)
             if not exchange.keep_alive() or self.eof or self.broken:
                 return False
 
@@ -193,7 +204,7 @@ class _Connection:
         if end < 0:
             return _HANDOFF
         try:
-            head = parse_head(bytes(self.buffer[:end]), self.front.paths)
+            head = parse_head(bytes(self.buffer[:end]))
         except BadRequest as exc:
             text = str(exc).encode()
             await self.write(response_head(400, [], content_length(len(text)), close=True) + text)
@@ -211,8 +222,8 @@ class _Connection:
         """Where the buffered head ends; -1 if the request is not one of ours; None at EOF."""
         start = 0
         while True:
-            if len(self.buffer) >= 5 and not self.buffer.startswith(b"POST "):
-                return -1
+            if self.buffer and self.buffer[0] not in TOKEN_BYTES:
+                return -1  # not a request line (TLS, a blank line first): hypercorn's
             end = self.buffer.find(b"\r\n\r\n", start)
             if end > MAX_HEAD or (end < 0 and len(self.buffer) > MAX_HEAD):
                 return -1  # hypercorn's to judge
@@ -280,110 +291,6 @@ class _Connection:
             self.broken = True
 
 
-class _Exchange:
-    """One request served by the front door: ASGI ``receive``/``send`` over the connection."""
-
-    def __init__(self, connection: _Connection, head: Head) -> None:
-        self.connection = connection
-        self.head = head
-        self.body_left = head.content_length
-        self._body_read = False
-        self.started = False
-        self.finished = False
-        self.close = False
-        self._status = 0
-        self._headers: list[tuple[bytes, bytes]] = []
-
-    def keep_alive(self) -> bool:
-        """Whether the connection can carry the next request."""
-        return self.finished and not self.close
-
-    async def run(self) -> None:
-        connection = self.connection
-        front = connection.front
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": self.head.path,
-            "raw_path": self.head.path.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": self.head.headers,
-            "client": connection.client,
-            "server": connection.server,
-            "state": front.state.copy(),
-        }
-        assert front.routes is not None
-        try:
-            await front.routes(scope, self.receive, self.send)
-        except Exception:
-            log.exception("error in a generation request")
-            self.close = True
-            if not self.started:  # else the connection closes mid-body: the client sees it
-                await self.send({"type": "http.response.start", "status": 500, "headers": []})
-                await self.send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def receive(self) -> dict[str, Any]:
-        connection = self.connection
-        if self._body_read:  # past the body: wait for the client to leave
-            await connection.wait_for_eof()
-            return {"type": "http.disconnect"}
-        if self.body_left > MAX_JSON_BODY:  # never read: answered 413 at once
-            raise RequestTooLargeError(f"request body exceeds {MAX_JSON_BODY} bytes")
-        if self.body_left and not connection.buffer:
-            if self.head.expect_continue and not self.started:
-                self.head.expect_continue = False  # once
-                await connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            await connection.receive()
-            if connection.eof:
-                return {"type": "http.disconnect"}
-        piece = bytes(connection.buffer[: self.body_left])
-        del connection.buffer[: len(piece)]
-        self.body_left -= len(piece)
-        self._body_read = self.body_left == 0
-        return {"type": "http.request", "body": piece, "more_body": not self._body_read}
-
-    async def send(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            self._status = message["status"]
-            self._headers = [
-                (name.lower(), value)
-                for name, value in message.get("headers", ())
-                if name.lower() not in _FRAMING
-            ]
-            return
-        if self.finished:
-            return
-        body: bytes = message.get("body", b"")
-        more: bool = message.get("more_body", False)
-        connection = self.connection
-        if not self.started:
-            self.started = True
-            # A body not read to its end leaves the connection unusable for the next request.
-            connection.linger = self.body_left > 0
-            self.close = (
-                self.head.close or connection.linger or connection.eof
-                or connection.front.stopping
-            )  # fmt: skip
-            framing = CHUNKED if more else content_length(len(body))
-            data = response_head(self._status, self._headers, framing, close=self.close)
-            if more:
-                data += chunk(body) if body else b""
-            else:
-                data += body
-        elif body:
-            data = chunk(body) if more else chunk(body) + LAST_CHUNK
-        else:
-            data = b"" if more else LAST_CHUNK
-        if not more:
-            self.finished = True
-        if data:
-            await connection.write(data)
-
-
 async def serve_http(
     app: Any,
     config: Config,
@@ -399,7 +306,7 @@ async def serve_http(
     state: LifespanState = {}
     lifespan = Lifespan(wrapped, config, state)
     context = WorkerContext(None)
-    front = Front(wrapped, generation_routes_of(app), config, context, state)
+    front = Front(app, wrapped, generation_routes_of(app), config, context, state)
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()

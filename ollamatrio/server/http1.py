@@ -22,6 +22,10 @@ _MAX_LENGTH_DIGITS = 18  # a Content-Length longer than this is no body we would
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_TARGET = re.compile(rb"/[\x21-\x7e]*")  # origin form, printable ASCII (hypercorn decodes it)
+# The bytes a request can start with (a method): anything else (TLS, an h2 preface is caught
+# later) is not HTTP/1.1 as the front door speaks it.
+TOKEN_BYTES = frozenset(b"!#$%&'*+-.^_`|~0123456789" + bytes(range(65, 91)) + bytes(range(97, 123)))
 
 
 class BadRequest(Exception):
@@ -32,16 +36,17 @@ class BadRequest(Exception):
 class Head:
     """A request head the front door serves itself."""
 
-    path: str
+    method: str  # upper case, as hypercorn gives it
+    target: bytes  # the path and query as sent (origin form: starts with "/")
     headers: list[tuple[bytes, bytes]]  # names lower-cased, values stripped
     content_length: int
     close: bool  # the client asked to close after this exchange
     expect_continue: bool  # the client waits for "100 Continue" before it sends the body
 
 
-def parse_head(raw: bytes, paths: frozenset[bytes]) -> Head | None:
-    """``raw`` (up to, not including, the blank line) as a ``POST`` to one of ``paths`` over
-    HTTP/1.1 with a ``Content-Length`` body (or none); None for anything else.
+def parse_head(raw: bytes) -> Head | None:
+    """``raw`` (up to, not including, the blank line) as a request over HTTP/1.1 with an
+    origin-form target and a ``Content-Length`` body (or none); None for anything else.
 
     Raises:
         BadRequest: a broken or doubled ``Content-Length``, or one with ``Transfer-Encoding``.
@@ -51,7 +56,7 @@ def parse_head(raw: bytes, paths: frozenset[bytes]) -> Head | None:
     if len(request_line) != 3 or len(lines) > MAX_HEADERS + 1:
         return None
     method, target, version = request_line
-    if method != b"POST" or target not in paths or version != b"HTTP/1.1":
+    if version != b"HTTP/1.1" or not _TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
         return None
     headers = []
     length: bytes | None = None
@@ -88,7 +93,9 @@ def parse_head(raw: bytes, paths: frozenset[bytes]) -> Head | None:
         return None  # a chunked request body: hypercorn's
     if not host:
         return None  # HTTP/1.1 requires it; hypercorn says so
-    return Head(target.decode("ascii"), headers, int(length or 0), close, expect_continue)
+    return Head(
+        method.decode("ascii").upper(), target, headers, int(length or 0), close, expect_continue
+    )
 
 
 class _Date:
