@@ -14,7 +14,10 @@ keep-alive connection, as the official clients do.  Paths alternate round by rou
 are interleaved with the others (an A/B comparison that a noisy machine affects alike).
 
     .venv/bin/python scripts/bench_relay.py [--streams 1,4,8,32] [--tokens 64] [--rounds 5]
-        [--before /path/to/other/checkout]
+        [--before /path/to/other/checkout] [--mixed]
+
+``--mixed``: every API request is an ``/api/show`` and then a streamed ``/api/chat`` on the
+same keep-alive connection (the official clients' pattern); CPU per token includes the show.
 
 Columns: server CPU µs per relayed token (its kernel share); TTFT p50/p99 (request sent ->
 first token) through the API and direct; aggregate tokens/s through the API and direct, and
@@ -73,18 +76,33 @@ def options(tokens: int, threads: int) -> dict[str, object]:
     }
 
 
-async def api_stream(client: httpx.AsyncClient, tokens: int, threads: int) -> tuple[float, int]:
-    body = {"model": "tiny", "prompt": PROMPT, "raw": True, "options": options(tokens, threads)}
+async def api_stream(
+    client: httpx.AsyncClient, tokens: int, threads: int, mixed: bool = False
+) -> tuple[float, int]:
+    """One streamed generation; ``mixed``: ``/api/show`` first, then a streamed ``/api/chat``
+    on the same connection, as the official clients do (TTFT counts from the chat)."""
+    if mixed:
+        (await client.post("/api/show", json={"model": "tiny"})).raise_for_status()
+        path, field = "/api/chat", "message"
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": PROMPT}],
+            "options": options(tokens, threads),
+        }
+    else:
+        path, field = "/api/generate", "response"
+        body = {"model": "tiny", "prompt": PROMPT, "raw": True, "options": options(tokens, threads)}
     start = time.perf_counter()
     ttft = 0.0
     count = 0
-    async with client.stream("POST", "/api/generate", json=body) as r:
+    async with client.stream("POST", path, json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line:
                 continue
             obj = json.loads(line)
-            if obj.get("response"):
+            piece = obj.get(field)
+            if piece and (not mixed or piece.get("content")):
                 count += 1
                 ttft = ttft or time.perf_counter() - start
     return ttft, count
@@ -251,7 +269,7 @@ async def measure(
 
         def via_api(server: Server) -> object:
             async def one(i: int) -> tuple[float, int]:
-                return await api_stream(server.clients[i], args.tokens, args.threads)
+                return await api_stream(server.clients[i], args.tokens, args.threads, args.mixed)
 
             return one
 
@@ -288,7 +306,8 @@ def report(
     names = " / ".join(s.name for s in servers)
     print(
         f"tiny model, {args.tokens} tokens per request, {args.rounds} rounds per row, "
-        f"llama.cpp threads {args.threads}, one keep-alive client per stream; "
+        f"llama.cpp threads {args.threads}, one keep-alive client per stream"
+        f"{' (mixed: /api/show, then a streamed /api/chat)' if args.mixed else ''}; "
         f"API columns: {names}"
     )
     print(
@@ -326,6 +345,10 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cpu", action="store_true", help="keep the direct runner off GPUs")
+    parser.add_argument(
+        "--mixed", action="store_true",
+        help="each API request is /api/show then a streamed /api/chat on the same connection",
+    )  # fmt: skip
     parser.add_argument("--profile", help="record the server with py-spy (raw) into this file")
     parser.add_argument(
         "--server-path", type=os.path.abspath, help="serve the ollamatrio package of this checkout"
