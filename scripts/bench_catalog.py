@@ -54,16 +54,12 @@ async def main(args: argparse.Namespace) -> None:
             pass
         for i in range(1, args.models):
             store.copy("model-0", f"model-{i}")
-        settings = replace(
-            Settings.from_env({}), host="127.0.0.1", port=0, models_dir=store.root
-        )
+        settings = replace(Settings.from_env({}), host="127.0.0.1", port=0, models_dir=store.root)
         stop = trio.Event()
         async with open_scheduler(settings) as scheduler, trio.open_nursery() as nursery:
             app = create_app(scheduler, store, settings)
             binds = await nursery.start(
-                partial(
-                    serve_http, app, hypercorn_config(settings), shutdown_trigger=stop.wait
-                )
+                partial(serve_http, app, hypercorn_config(settings), shutdown_trigger=stop.wait)
             )
             async with httpx.AsyncClient(base_url=binds[0], timeout=30) as client:
                 requests = {

@@ -62,9 +62,7 @@ def test_reserve_is_added_to_each_gpu_and_taken_from_its_capacity(est):
 
 def test_factor_scales_the_model_part_only(est):
     plain = plan_layout(est, [("g0", 40 * GiB)], reserves={"g0": RESERVE})
-    scaled = plan_layout(
-        est, [("g0", 40 * GiB)], reserves={"g0": RESERVE}, factors={"g0": 1.25}
-    )
+    scaled = plan_layout(est, [("g0", 40 * GiB)], reserves={"g0": RESERVE}, factors={"g0": 1.25})
     model_part = plain.vram_by_gpu["g0"] - RESERVE
     assert scaled.vram_by_gpu["g0"] == int(model_part * 1.25) + RESERVE
     # The factor also shrinks what fits: the scaled booking never exceeds the free memory.

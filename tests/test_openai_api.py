@@ -541,9 +541,7 @@ async def test_keep_alive_and_options_as_extra_body_fields(api_server) -> None:
             (info,) = srv.scheduler.ps()
             assert info.expires_at is None  # kept forever
             assert info.context_length == 512
-            await c.completions.create(
-                model="tiny", prompt="hi", extra_body={"keep_alive": "1m"}
-            )
+            await c.completions.create(model="tiny", prompt="hi", extra_body={"keep_alive": "1m"})
             assert srv.scheduler.ps()[0].keep_alive == 60
             with pytest.raises(openai.BadRequestError, match="options"):
                 await c.chat.completions.create(

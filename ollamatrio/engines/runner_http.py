@@ -354,9 +354,7 @@ class RunnerHttp:
             raise
         return conn, status, headers
 
-    async def request(
-        self, method: str, path: str, body: bytes | None = None
-    ) -> tuple[int, bytes]:
+    async def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
         """A plain request: (status, body).  The connection goes back to the pool."""
         conn, status, headers = await self._send(self._head(method, path, body))
         response = Response(conn, status, headers)

@@ -37,8 +37,22 @@ from .protocol import Chunk, CompletionRequest, Embeddings, LoadProgress, LoadSp
 LOAD_STEPS = 10  # progress reports over a simulated load (like 10 % steps of a real one)
 
 _WORDS = (
-    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog",
-    "while", "the", "scheduler", "keeps", "every", "model", "warm",
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "the",
+    "scheduler",
+    "keeps",
+    "every",
+    "model",
+    "warm",
 )
 
 

@@ -47,8 +47,10 @@ def status_for(exc: BaseException) -> int:
 
 def message_for(exc: BaseException) -> str:
     if isinstance(exc, HTTPException):
-        return (exc.description or exc.name).rstrip(".").lower() if exc.code != 404 else (
-            "404 page not found"
+        return (
+            (exc.description or exc.name).rstrip(".").lower()
+            if exc.code != 404
+            else ("404 page not found")
         )
     return str(exc) or type(exc).__name__
 

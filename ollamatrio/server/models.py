@@ -48,8 +48,7 @@ class ApiContext:
 
     def _fresh(self, read_at: float, generation: int) -> bool:
         return (
-            generation == self.store.generation
-            and trio.current_time() - read_at < REVALIDATE_AFTER
+            generation == self.store.generation and trio.current_time() - read_at < REVALIDATE_AFTER
         )
 
     async def resolve(self, name: str) -> Model:

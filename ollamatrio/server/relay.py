@@ -275,9 +275,7 @@ class ChatEvents(_Events):
             if chunk.done:
                 reason = "tool_calls" if self._tool_calls else chunk.done_reason or "stop"
                 empty = {"role": "assistant", "content": ""}
-                out += self._closing(
-                    chunk, {"index": 0, "delta": empty, "finish_reason": reason}
-                )
+                out += self._closing(chunk, {"index": 0, "delta": empty, "finish_reason": reason})
         return bytes(out)
 
 
