@@ -16,6 +16,12 @@ are interleaved with the others (an A/B comparison that a noisy machine affects 
     .venv/bin/python scripts/bench_relay.py [--streams 1,4,8,32] [--tokens 64] [--rounds 5]
         [--before /path/to/other/checkout] [--mixed]
 
+``--pin`` (Linux): every runner and this client on the last CPU, the servers on the others, so
+the server does not take its CPU from llama.cpp or the client: how a GPU machine, where the
+model computes on the GPU and the server has a core of its own, divides the work.  Both paths
+then run their runner and client under the same conditions, and throughput against direct
+says whether the relay keeps pace with the runner, not who wins the cores.
+
 ``--mixed``: every API request is an ``/api/show`` and then a streamed ``/api/chat`` on the
 same keep-alive connection (the official clients' pattern); CPU per token includes the show.
 
@@ -280,6 +286,8 @@ async def measure(
         for server in servers:
             await run_round(most, via_api(server))
         await run_round(most, via_direct)
+        if args.pin:
+            pin_cpus(engine.pid, [s.pid for s in servers])
         direct: dict[int, list[Round]] = {}
         for streams in stream_counts:
             for _ in range(args.rounds):
@@ -297,6 +305,36 @@ async def measure(
         for c in server.clients:
             await c.aclose()
     report(args, stream_counts, servers, direct)
+
+
+def pin_cpus(direct_runner: int | None, servers: list[int]) -> None:
+    """``--pin``: every runner (the servers' and the direct one) and this client on the last
+    CPU, the servers on the others.  Both paths then run their runner and client under the
+    same conditions, and the API path's one extra party, the server, has CPUs of its own
+    (as on a GPU machine, where the model computes on the GPU and the server has a core)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs at least two CPUs")
+    shared, rest = {cpus[-1]}, set(cpus[:-1])
+    runners = [direct_runner] if direct_runner is not None else []
+    for pid in servers:
+        runners += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        set_affinity(pid, rest)
+    for pid in runners:
+        set_affinity(pid, shared)
+    set_affinity(os.getpid(), shared)
+    print(
+        f"pinned: runners {sorted(runners)} and client on CPU {cpus[-1]}; servers on {sorted(rest)}"
+    )
+
+
+def set_affinity(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` (affinity is per thread; threads made later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, PermissionError):
+            pass  # a thread that just ended
 
 
 def report(
@@ -345,6 +383,10 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cpu", action="store_true", help="keep the direct runner off GPUs")
+    parser.add_argument(
+        "--pin", action="store_true",
+        help="runners and this client on the last CPU, the servers on the others (Linux)",
+    )  # fmt: skip
     parser.add_argument(
         "--mixed", action="store_true",
         help="each API request is /api/show then a streamed /api/chat on the same connection",
