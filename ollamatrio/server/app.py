@@ -7,12 +7,9 @@ import logging
 import socket
 from typing import Any
 
-import trio
-from quart import Request, Response, request
+from quart import Response, request
 from quart.ctx import RequestContext
-from quart.wrappers.response import IterableBody
 from quart_trio import QuartTrio
-from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
 from ..config import Settings, split_host_port
@@ -28,8 +25,6 @@ from .metrics import CONTENT_TYPE, OTHER_ENDPOINT, ServerMetrics
 from .models import ApiContext
 from .ollama_api import OllamaApi
 from .openai_api import OpenAiApi, openai_error_response
-from .openai_wire import SSE, error_object, sse_event
-from .wire import NDJSON, ndjson_line, primed_streams
 
 log = logging.getLogger(__name__)
 
@@ -64,31 +59,7 @@ def allowed_host(header: str) -> bool:
     return host.endswith(_LOCAL_SUFFIXES)
 
 
-STREAM_CLOSE_TIMEOUT = 5.0
-
-
-class _HTTPConnection(TrioASGIHTTPConnection):
-    """Closes the streams a handler primed even when Quart never started sending them (the
-    client left between the handler's return and the first byte), so the lease inside is
-    returned at once instead of whenever the garbage collector gets to the generator."""
-
-    async def handle_request(  # type: ignore[override]
-        self, nursery: trio.Nursery, request: Request, send: Any
-    ) -> None:
-        streams: list[Any] = []
-        token = primed_streams.set(streams)
-        try:
-            await super().handle_request(nursery, request, send)
-        finally:
-            primed_streams.reset(token)
-            with trio.CancelScope(shield=True), trio.move_on_after(STREAM_CLOSE_TIMEOUT):
-                for stream in streams:
-                    await stream.aclose()  # a no-op for those Quart already closed
-
-
 class _App(QuartTrio):
-    asgi_http_class = _HTTPConnection
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.drain = Drain()  # serve() cuts it when shutdown's grace period ends
@@ -104,13 +75,6 @@ class _App(QuartTrio):
             if request.path.startswith("/v1/"):
                 return openai_error_response(exc)
             raise
-
-
-# The last words of a stream that shutdown cuts, by content type.
-_CUT_LINES = {
-    NDJSON: ndjson_line({"error": ServerShuttingDownError.MESSAGE}),
-    SSE: sse_event(error_object(ServerShuttingDownError.MESSAGE, 503)),
-}
 
 
 def drain_of(app: QuartTrio) -> Drain:
@@ -183,18 +147,11 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
     async def prometheus_metrics() -> Response:
         return Response(await metrics.render(), content_type=CONTENT_TYPE)
 
-    @app.after_request
-    async def guard_stream(response: Response) -> Response:
-        """Streams end with an error line, not silently, when shutdown cuts them."""
-        last = _CUT_LINES.get(response.mimetype or "")
-        if last is not None and isinstance(response.response, IterableBody):
-            response.response = IterableBody(drain.body(response.response.iter, last))
-        return response
-
-    # The generation routes run as plain ASGI in front of Quart (server/fastpath.py); the
-    # front door (server/front.py) calls them directly.
+    # The generation routes and the progress streams (pull, create) run as plain ASGI in
+    # front of Quart (server/fastpath.py); the front door (server/front.py) calls them
+    # directly.  Pulls run in the app's nursery, which Quart opens at startup.
     app.generation_routes = GenerationRoutes(
-        app.asgi_app, ctx, drain, origins, guard_hosts, allowed_host
+        app.asgi_app, ctx, drain, origins, guard_hosts, allowed_host, lambda: app.nursery
     )
     app.asgi_app = app.generation_routes  # type: ignore[method-assign]
     app.asgi_app = EventsRoute(  # type: ignore[method-assign]

@@ -1,4 +1,4 @@
-"""The generation routes as plain ASGI, in front of the Quart app.
+"""The generation routes and the progress streams as plain ASGI, in front of the Quart app.
 
 ``POST /api/generate``, ``/api/chat``, ``/v1/completions`` and ``/v1/chat/completions`` carry
 every token, so they skip Quart's request and response machinery: one task per request
@@ -7,7 +7,8 @@ the generation (lease and engine stream) in an ``async with`` for exactly as lon
 writes the response, one write per engine wake-up.  A watcher in the request's nursery
 cancels it when the client disconnects, which returns the lease and closes the runner
 connection (llama.cpp stops generating); shutdown's cut ends it the same way, with a last
-error line.  Everything else goes to Quart unchanged.
+error line.  ``POST /api/pull`` and ``/api/create`` stream their progress the same way
+(server/progress.py).  Everything else goes to Quart unchanged.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from quart import Response
 from quart_trio import QuartTrio
 
 from ..errors import OllamatrioError, ServerShuttingDownError
+from . import progress
 from .cors import OriginPolicy, cors_answer
 from .drain import Drain
 from .errors import RequestTooLargeError, response_for
@@ -31,6 +33,7 @@ from .ollama_api import OllamaApi, chat_completion, generate_completion, json_re
 from .openai_api import openai_error_response
 from .openai_wire import chat_body, completion_body, include_usage, text_completion
 from .openai_wire import chat_completion as openai_chat_completion
+from .progress import Progress, ProgressLines
 from .relay import (
     ChatEvents,
     ChatLines,
@@ -42,6 +45,7 @@ from .relay import (
     open_generation,
 )
 from .requests import MAX_JSON_BODY, ChatRequest, GenerateRequest, decode_json_object
+from .wire import ndjson_line
 
 log = logging.getLogger(__name__)
 
@@ -59,16 +63,26 @@ class Plan:
     encoder: Encoder | None = None
     fold: Callable[[Fold, Generation], dict[str, Any]] | None = None
     announce: LoadAnnouncement | None = None  # native streams: progress lines while loading
+    progress: Progress | None = None  # pull, create: their progress events
+
+
+class LastWords(Protocol):
+    """What a stream cut short ends with (an encoder's error line or event)."""
+
+    def error(self, message: str, status: int) -> bytes: ...
 
 
 class GenerationRoutes:
-    """ASGI app: the four generation routes here, everything else to ``app``."""
+    """ASGI app: the four generation routes and the two progress streams here, everything
+    else to ``app``.  ``nursery`` gives the app's nursery, where pulls run."""
 
     def __init__(
         self, app: QuartTrio, ctx: ApiContext, drain: Drain, origins: OriginPolicy,
         guard_hosts: bool, allowed_host: Callable[[str], bool],
+        nursery: Callable[[], trio.Nursery],
     ) -> None:  # fmt: skip
         self.app = app
+        self._nursery = nursery
         self.ctx = ctx
         self.drain = drain
         self._origins = origins
@@ -80,6 +94,8 @@ class GenerationRoutes:
             "/api/chat": (self._chat, False),
             "/v1/completions": (self._completions, True),
             "/v1/chat/completions": (self._chat_completions, True),
+            "/api/pull": (self._pull, False),
+            "/api/create": (self._create, False),
         }
 
     @property
@@ -158,9 +174,15 @@ class GenerationRoutes:
             fold=lambda f, g: openai_chat_completion(req.model, f.chat(req.model, g)),
         )  # fmt: skip
 
+    async def _pull(self, body: dict[str, Any], started: float) -> Plan:
+        return Plan(progress=progress.pull(self.ctx, self._nursery, body))
+
+    async def _create(self, body: dict[str, Any], started: float) -> Plan:
+        return Plan(progress=progress.create(self.ctx, body))
+
 
 class _Exchange:
-    """One request on a generation route: its guard, body, plan and response."""
+    """One request on a generation or progress route: its guard, body, plan and response."""
 
     def __init__(
         self, routes: GenerationRoutes, scope: dict[str, Any], receive: ASGIReceive,
@@ -176,7 +198,7 @@ class _Exchange:
         self.origin = headers["origin"].decode("latin-1") if "origin" in headers else None
         self.host = headers.get("host", b"").decode("latin-1")
         self.cors_headers: list[tuple[str, str]] = []
-        self.encoder: Encoder | None = None
+        self.encoder: LastWords | None = None  # once a stream has started
         self.generation: Generation | None = None  # once a lease is held
         self.arrived = trio.current_time()
         self.nursery: trio.Nursery | None = None  # the request's own, once the body is read
@@ -283,6 +305,9 @@ class _Exchange:
         if plan.response is not None:
             await self.respond(plan.response)
             return
+        if plan.progress is not None:
+            await self.serve_progress(plan.progress)
+            return
         generation = plan.generation
         if plan.announce is not None and plan.announce.needed():
             # A load first: start the stream now and tell the client how it goes.
@@ -315,6 +340,28 @@ class _Exchange:
                     await self.body(data)
                 batch = await gen.next_batch()
 
+    async def serve_progress(self, plan: Progress) -> None:
+        """Progress events as NDJSON, one line per event as it comes, or (``stream``
+        false) the last one; the source is open for exactly as long as this runs."""
+        async with plan.open() as events:
+            if not plan.stream:
+                last: dict[str, Any] = {}
+                async for event in events:
+                    if "error" in event and plan.failed_status is not None:
+                        await self.respond(json_response(event, plan.failed_status))
+                        return
+                    last = event
+                await self.respond(json_response(last))
+                return
+            first = await anext(events, None)  # an error before it keeps its own status
+            self.encoder = ProgressLines()
+            await self.start(200, ProgressLines.content_type)
+            if first is not None:
+                await self.body(ndjson_line(first))
+                async for event in events:
+                    await self.body(ndjson_line(event))
+            await self.body(b"", more=False)
+
     async def last_words(self, exc: BaseException) -> None:
         """An error's answer: its own status before the response started, else one last
         error line (event) on the stream."""
@@ -323,7 +370,7 @@ class _Exchange:
             return
         status = 503 if isinstance(exc, ServerShuttingDownError) else 500
         if isinstance(exc, OllamatrioError):
-            log.warning("generation failed mid-stream: %s", exc)
+            log.warning("stream failed mid-way: %s", exc)
         else:
             log.error("unexpected error in a stream", exc_info=exc)
         assert self.encoder is not None  # only streams start before the end

@@ -5,11 +5,11 @@ framing, a per-connection lock and a shielded cancel scope) and most of the time
 first token, so the server accepts connections itself and serves their requests, one after
 another on the same keep-alive connection, with ASGI ``receive``/``send`` callables that cost
 one ``send_all`` per body piece (``server/asgi_http.py``).  A plain request over HTTP/1.1
-with a ``Content-Length`` body (or none) is served here whatever its route: the four
-generation routes go straight to their ASGI handlers (``server/fastpath.py``), everything
-else to the same app hypercorn runs (the events route, then Quart), with the scope hypercorn
-would build.  So the official clients, which call ``/api/show`` or ``/api/tags`` on the
-connection they chat on, keep the cheap path for their generations.
+with a ``Content-Length`` body (or none) is served here whatever its route: the generation
+routes and the progress streams go straight to their ASGI handlers (``server/fastpath.py``),
+everything else to the same app hypercorn runs (the events route, then Quart), with the
+scope hypercorn would build.  So the official clients, which call ``/api/show`` or
+``/api/tags`` on the connection they chat on, keep the cheap path for their generations.
 
 At the first request that is not simple (HTTP/1.0, a chunked body, an upgrade, an oversized
 or unusual head, requests pipelined behind the one being served), the whole connection is
@@ -178,7 +178,8 @@ class _Connection:
             assert isinstance(head, Head)
             front = self.front
             if head.method == "POST" and head.target in front.paths:
-                # A generation: straight to its route, its JSON body limited before reading.
+                # A generation or a progress stream: straight to its route, its JSON body
+                # limited before reading.
                 assert front.routes is not None
                 exchange = Exchange(self, head, limit=MAX_JSON_BODY, defer_head=True)
                 await exchange.run(front.routes)

@@ -1,29 +1,26 @@
-"""Handlers of Ollama's native ``/api`` routes.
+"""Handlers of Ollama's native ``/api`` routes that answer in one piece, and the checks and
+completion requests the generation routes (server/fastpath.py) share.
 
 A request is parsed (``requests``), its model resolved and checked (``models``), then
-leased from the scheduler for exactly as long as the response body runs: the events
-generators below own the lease, so a client that disconnects closes the generator and
-the lease with it (STYLE I10).  The generators yield plain dicts; ``respond`` streams
-them as NDJSON or folds them into one object for ``"stream": false``.
+answered.  The streams (generation, pull and create progress) are served as plain ASGI in
+server/fastpath.py, each owning its source for exactly as long as it writes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import trio
-from quart import Quart, Response, current_app, request
+from quart import Quart, Response, request
 
 from .._version import __version__
 from ..engines.protocol import CompletionRequest
-from ..errors import InvalidRequestError, ModelNotFoundError, OllamatrioError, QueueFullError
+from ..errors import InvalidRequestError, ModelNotFoundError, QueueFullError
 from ..gguf import GGUFInfo
 from ..scheduler import ModelRequest
 from ..store import Model, parse_digest
-from ..store.registry import start_pull
 from .gotemplate import is_go_template, parse, render_prompt
 from .models import ApiContext, capabilities, require, show
 from .requests import (
@@ -32,19 +29,14 @@ from .requests import (
     EmbedRequest,
     GenerateRequest,
     get_bool,
-    get_list,
     get_model,
     get_str,
-    get_stream,
     merge_options,
     read_json,
 )
 from .wire import (
-    NDJSON,
     json_bytes,
-    ndjson_body,
     ns,
-    prime,
     rfc3339,
     rfc3339_from_timestamp,
 )
@@ -60,22 +52,6 @@ def json_response(obj: Any, status: int = 200) -> Response:
 
 def empty_response(status: int = 200) -> Response:
     return Response(b"", status=status)
-
-
-async def respond(events: AsyncIterator[dict[str, Any]], stream: bool) -> Response:
-    """Stream progress ``events`` (create, pull) as NDJSON, or (``stream`` false) answer
-    with the last one.  Errors before the first event propagate, so they get their own
-    status."""
-    if not stream:
-        last: dict[str, Any] = {}
-        async with aclosing(events):  # type: ignore[type-var]
-            async for obj in events:
-                last = obj
-        return json_response(last)
-    primed = await prime(events)
-    if primed is None:
-        return Response(b"", content_type=NDJSON)
-    return Response(ndjson_body(primed), content_type=NDJSON)
 
 
 def refuse_when_queue_full(ctx: ApiContext) -> None:
@@ -110,10 +86,8 @@ class OllamaApi:
             ("/api/tags", self.tags, ["GET", "HEAD"]),
             ("/api/show", self.show, ["POST"]),
             ("/api/ps", self.ps, ["GET"]),
-            ("/api/create", self.create, ["POST"]),
             ("/api/copy", self.copy, ["POST"]),
             ("/api/delete", self.delete, ["DELETE"]),
-            ("/api/pull", self.pull, ["POST"]),
             ("/api/blobs/<digest>", self.blob_head, ["HEAD"]),
             ("/api/blobs/<digest>", self.blob_upload, ["POST"]),
         ]
@@ -291,58 +265,6 @@ class OllamaApi:
         await trio.to_thread.run_sync(self.ctx.store.delete, name)
         return empty_response()
 
-    async def create(self) -> Response:
-        body = await read_json(request.body)
-        name = get_model(body)
-        stream = get_stream(body)
-        files, adapters, parameters = (body.get(k) for k in ("files", "adapters", "parameters"))
-        for key, value in (("files", files), ("adapters", adapters), ("parameters", parameters)):
-            if value is not None and not isinstance(value, dict):
-                raise InvalidRequestError(f"invalid value for {key!r}: expected an object")
-        license_ = body.get("license")
-        if license_ is not None and not isinstance(license_, str | list):
-            raise InvalidRequestError("license must be a string or a list of strings")
-
-        def start() -> Iterator[dict[str, Any]]:
-            return self.ctx.store.create(
-                name,
-                from_model=get_str(body, "from") or None,
-                files=files,
-                adapters=adapters,
-                template=get_str(body, "template") or None,
-                system=get_str(body, "system") or None,
-                parameters=merge_options(parameters) if parameters else None,
-                license=license_,
-                messages=get_list(body, "messages") or None,
-                quantize=get_str(body, "quantize") or None,
-                renderer=get_str(body, "renderer") or None,
-                parser=get_str(body, "parser") or None,
-                requires=get_str(body, "requires") or None,
-            )
-
-        steps = await trio.to_thread.run_sync(start)  # validation errors: their own status
-        return await respond(_thread_events(steps, inline_errors=stream), stream)
-
-    async def pull(self) -> Response:
-        """Ollama's PullHandler: progress as NDJSON, or (``"stream": false``) the last
-        event, a failure being 500 with its message.  The pull runs in the app's nursery
-        (no nursery in a body generator, STYLE I10); a client that goes away closes the
-        channel, which stops the pull."""
-        body = await read_json(request.body)
-        name = get_model(body)
-        stream = get_stream(body)
-        insecure = get_bool(body, "insecure", False)
-        events = start_pull(current_app.nursery, self.ctx.store, name, insecure=insecure)
-        if stream:
-            return await respond(_channel_events(events), stream=True)
-        last: dict[str, Any] = {}
-        with events:
-            async for event in events:
-                if "error" in event:
-                    return json_response(event, 500)
-                last = event
-        return json_response(last)
-
     # -- blobs ------------------------------------------------------------------------
 
     async def blob_head(self, digest: str) -> Response:
@@ -377,15 +299,6 @@ class OllamaApi:
             if writer.digest is None:
                 writer.abort()  # removes the temporary file (a quick unlink)
         return empty_response(201 if writer.created else 200)
-
-
-async def _channel_events(
-    events: trio.MemoryReceiveChannel[dict[str, Any]],
-) -> AsyncIterator[dict[str, Any]]:
-    """Read a pull's progress channel; closing this generator closes the channel."""
-    with events:
-        async for event in events:
-            yield event
 
 
 async def _discard(body: AsyncIterator[bytes]) -> None:
@@ -476,23 +389,3 @@ def with_common(
         context=req.context if isinstance(req, GenerateRequest) else (),
         return_context=isinstance(req, GenerateRequest) and not req.raw,
     )
-
-
-async def _thread_events(
-    steps: Iterator[dict[str, Any]], *, inline_errors: bool
-) -> AsyncIterator[dict[str, Any]]:
-    """Drive a blocking progress iterator (the store's) one step per worker-thread hop."""
-    done = object()
-    sent = False
-    try:
-        while (step := await trio.to_thread.run_sync(next, steps, done)) is not done:
-            sent = True
-            yield step  # type: ignore[misc]
-    except OllamatrioError as exc:
-        if not (sent and inline_errors):
-            raise
-        yield {"error": str(exc)}
-    finally:
-        close = getattr(steps, "close", None)
-        if close is not None:
-            close()  # releases the store's pins (synchronous, quick)
