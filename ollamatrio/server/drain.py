@@ -8,17 +8,17 @@ period (``serve.GRACEFUL_TIMEOUT``).  Whatever is still running then is *cut*:
 * a stream that is under way ends with one last error line: ``{"error": "server shutting
   down"}`` on NDJSON streams, an OpenAI error event on ``/v1`` (SSE) streams.
 
-Mechanics: every await of a handler and of a response body's ``__anext__`` runs inside a
-cancel scope that :meth:`Drain.cut` cancels.  The scopes never span a ``yield`` (trio's
-rule for async generators), so a cut unwinds the request's own ``async with`` blocks
-(lease, runner stream) exactly as a client disconnect does, and the request's task then
-writes the reason.
+Mechanics: every request's work (a Quart view; a generation or progress stream, written by
+its own task in server/fastpath.py) runs inside a cancel scope that :meth:`Drain.cut`
+cancels, so a cut unwinds the request's own ``async with`` blocks (lease, runner stream,
+pull channel) exactly as a client disconnect does, and the request's task then writes the
+reason.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import trio
@@ -67,35 +67,3 @@ class Drain:
         self.stopping.set()
         await trio.sleep(grace)
         self.cut()
-
-    def body(self, source: AsyncIterator[bytes], last: bytes) -> CutBody:
-        """``source`` (a response body) ending with ``last`` if it is cut."""
-        return CutBody(self, source, last)
-
-
-class CutBody:
-    """A response body whose every step is guarded; a cut ends it with its last words."""
-
-    def __init__(self, drain: Drain, source: AsyncIterator[bytes], last: bytes) -> None:
-        self._drain = drain
-        self._source = source
-        self._last = last
-        self._done = False
-
-    def __aiter__(self) -> CutBody:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            with self._drain.guard():
-                return await self._source.__anext__()
-        except ServerShuttingDownError:
-            self._done = True
-            return self._last
-
-    async def aclose(self) -> None:
-        aclose = getattr(self._source, "aclose", None)
-        if aclose is not None:
-            await aclose()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -65,64 +63,3 @@ def json_bytes(obj: Any) -> bytes:
 
 def ndjson_line(obj: Any) -> bytes:
     return json_bytes(obj) + b"\n"
-
-
-class Primed:
-    """An async iterator whose first item was already taken (to learn about early errors
-    before a status line is sent); it gives that item back first.  Closing it closes the
-    source, so a disconnect unwinds the source's ``async with`` blocks."""
-
-    def __init__(self, first: Any, source: AsyncIterator[Any]) -> None:
-        self._first: list[Any] = [first]
-        self._source = source
-
-    def __aiter__(self) -> Primed:
-        return self
-
-    async def __anext__(self) -> Any:
-        if self._first:
-            return self._first.pop()
-        return await self._source.__anext__()
-
-    async def aclose(self) -> None:
-        aclose = getattr(self._source, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-
-# Streams a handler primed for its response.  Quart closes a response body once it starts
-# sending it; the HTTP connection (server/app.py) closes these too when the request ends,
-# which covers a client that leaves after the handler returned but before the first byte.
-primed_streams: ContextVar[list[AsyncIterator[Any]] | None] = ContextVar(
-    "primed_streams", default=None
-)
-
-
-async def prime(source: AsyncIterator[Any]) -> Primed | None:
-    """Take the first item of ``source`` now; errors before it propagate to the caller.
-    ``None`` if the source is empty."""
-    try:
-        first = await source.__anext__()
-    except StopAsyncIteration:
-        return None
-    except BaseException:
-        aclose = getattr(source, "aclose", None)
-        if aclose is not None:
-            await aclose()
-        raise
-    streams = primed_streams.get()
-    if streams is not None:
-        streams.append(source)
-    return Primed(first, source)
-
-
-async def ndjson_body(objects: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """Encode a stream of objects as NDJSON (Quart closes this generator on disconnect,
-    which closes ``objects`` in turn)."""
-    try:
-        async for obj in objects:
-            yield ndjson_line(obj)
-    finally:
-        aclose: Callable[[], Any] | None = getattr(objects, "aclose", None)
-        if aclose is not None:
-            await aclose()
