@@ -609,9 +609,8 @@ async def test_requests_reach_the_engine_as_ollama_builds_them(api_server, tiny_
 async def test_client_gone_before_the_first_byte_returns_the_lease_at_once(
     api_server: Any, path: str
 ) -> None:
-    # The handler has primed the stream (the lease is held) and Quart is sending the head
-    # when the client goes: the body was never started, yet the lease must come back now,
-    # not whenever the generator is garbage-collected.
+    # The route holds the generation (the lease is held) and is sending the head when the
+    # client goes: the body was never started, yet the lease must come back now.
     slow = SimulatedBehaviour(load_seconds=0.01, tokens_per_second=5)
     body = json.dumps({"model": "tiny", "prompt": "hi", "stream": True}).encode()
     scope = {

@@ -16,7 +16,9 @@ import ollama
 import pytest
 import trio
 
+from ollamatrio.server.app import drain_of
 from ollamatrio.store import MEDIA_MODEL, MEDIA_TEMPLATE
+from ollamatrio.store import registry as registry_module
 from ollamatrio.testing.fake_registry import FakeRegistry
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -119,3 +121,78 @@ async def test_client_that_goes_away_stops_the_pull(
 
             assert registry.bytes_served[digest] < len(data)
             assert not srv.store.exists(name)
+
+
+@pytest.fixture
+def pull_ended(monkeypatch: pytest.MonkeyPatch) -> trio.Event:
+    """Set when a pull task (in the app's nursery) has ended, whichever way."""
+    ended = trio.Event()
+    task = registry_module._pull_task
+
+    async def watched(*args: Any) -> None:
+        try:
+            await task(*args)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(registry_module, "_pull_task", watched)
+    return ended
+
+
+@pytest.fixture
+def slow_model(registry: FakeRegistry) -> tuple[str, str, int]:
+    """A 4 MiB model served slowly (about 1.3 s): (name, blob digest, size)."""
+    data = os.urandom(4 << 20)
+    registry.add_model("library/big:latest", [(MEDIA_MODEL, data)])
+    registry.chunk_delay = 0.02
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    return registry.model_name("library/big:latest"), digest, len(data)
+
+
+async def test_client_gone_right_after_the_head_stops_the_pull(
+    api_server: Any, registry: FakeRegistry, slow_model: tuple[str, str, int],
+    pull_ended: trio.Event,
+) -> None:  # fmt: skip
+    name, digest, size = slow_model
+    with trio.fail_after(30):
+        async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as http:
+            body = {"model": name, "insecure": True}
+            async with http.stream("POST", "/api/pull", json=body) as response:
+                assert response.status_code == 200  # and leave without reading a line
+            with trio.fail_after(5):
+                await pull_ended.wait()  # its channel was closed: it stopped
+            await registry.wait_streams_idle()
+            assert registry.bytes_served[digest] < size
+            assert not srv.store.exists(name)
+
+
+async def test_shutdown_cuts_a_long_pull_with_a_last_error_line(
+    api_server: Any, registry: FakeRegistry, slow_model: tuple[str, str, int],
+    pull_ended: trio.Event,
+) -> None:  # fmt: skip
+    name, _digest, _size = slow_model
+    lines: list[dict[str, Any]] = []
+    with trio.fail_after(30):
+        async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as http:
+            body = {"model": name, "insecure": True}
+            async with http.stream("POST", "/api/pull", json=body) as response:
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    lines.append(json.loads(line))
+                    if lines[-1].get("completed"):
+                        drain_of(srv.app).cut()  # the grace period is over
+            with trio.fail_after(5):
+                await pull_ended.wait()
+            assert not srv.store.exists(name)
+    assert lines[-1] == {"error": "server shutting down"}
+    assert all("error" not in line for line in lines[:-1])
+
+
+async def test_an_invalid_name_is_a_400_before_the_stream_starts(api_server: Any) -> None:
+    with trio.fail_after(30):
+        async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as http:
+            for stream in (True, False):
+                r = await http.post("/api/pull", json={"model": "bad name!", "stream": stream})
+                assert r.status_code == 400
+                assert r.headers["content-type"] == "application/json"
+                assert "error" in r.json()
