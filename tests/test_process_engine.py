@@ -740,3 +740,44 @@ async def test_lora_adapter_is_applied(tiny_gguf: TinyGGUF, tmp_path: Path) -> N
         base, again, adapted = await greedy(()), await greedy(()), await greedy((adapter,))
     assert base == again  # greedy decoding is deterministic...
     assert adapted != base  # ...so the difference is the adapter's
+
+
+def _pipes() -> int:
+    """Pipe descriptors this process holds (a runner's stdin, stdout and stderr are three)."""
+    folder = f"/proc/{os.getpid()}/fd"
+    names = []
+    for fd in os.listdir(folder):
+        try:
+            names.append(os.readlink(f"{folder}/{fd}"))
+        except OSError:
+            continue
+    return sum(name.startswith("pipe:") for name in names)
+
+
+async def test_a_runners_pipes_are_closed_when_it_ends(tiny_gguf: TinyGGUF) -> None:
+    """Unloaded, crashed or failed to load: none of its three pipes stays open (they used
+    to stay until the garbage collector found the process object)."""
+    import gc
+
+    gc.disable()  # the collector must not be what closes them
+    try:
+        before = _pipes()
+        model = tiny_gguf()
+        spec = LoadSpec(model_path=str(model), name="t", num_thread=1)
+        with trio.fail_after(120):
+            for _ in range(2):
+                async with ProcessEngineFactory().open(spec):
+                    assert _pipes() >= before + 3
+            assert _pipes() == before
+            with pytest.raises(RunnerCrashedError):
+                async with ProcessEngineFactory().open(spec) as engine:
+                    os.kill(engine.pid or 0, signal.SIGKILL)
+                    await trio.sleep_forever()
+            assert _pipes() == before
+            bad = tiny_gguf(corrupt="truncated")
+            with pytest.raises(RunnerStartError):
+                async with ProcessEngineFactory().open(LoadSpec(model_path=str(bad), name="b")):
+                    pytest.fail("a truncated model loaded")
+            assert _pipes() == before
+    finally:
+        gc.enable()

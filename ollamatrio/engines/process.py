@@ -543,6 +543,14 @@ class ProcessEngine(RunnerClient):
     async def _supervise(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Run the runner: spawn, wait until ready, then watch for an unrequested exit."""
         argv = [self._factory.python, "-m", "ollamatrio.runner"]
+        try:
+            await self._supervise_process(argv, task_status=task_status)
+        finally:
+            await self._close_pipes()
+
+    async def _supervise_process(
+        self, argv: list[str], *, task_status: trio.TaskStatus[None]
+    ) -> None:
         async with trio.open_nursery() as nursery:
             process: trio.Process = await nursery.start(
                 partial(
@@ -578,6 +586,18 @@ class ProcessEngine(RunnerClient):
                 if not self._closing:
                     message = self._killed_for or await self._crash_message()
                     raise RunnerCrashedError(message, self.returncode)
+
+    async def _close_pipes(self) -> None:
+        """Close our ends of the runner's stdin, stdout and stderr once nothing reads them
+        (``run_process`` leaves them to us): without this each runner's three pipes stay
+        open until the garbage collector finds its process object."""
+        process = self._process
+        if process is None:
+            return
+        with trio.CancelScope(shield=True):
+            for stream in (process.stdin, process.stdout, process.stderr):
+                if stream is not None:
+                    await stream.aclose()
 
     async def _run_process(
         self, argv: list[str], *, env: dict[str, str], task_status: trio.TaskStatus[trio.Process]
