@@ -15,13 +15,13 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from ollamatrio.engines.process import ProcessEngineFactory
-from ollamatrio.engines.protocol import CompletionRequest
 from ollamatrio.engines.simulated import SimulatedBehaviour
 from ollamatrio.errors import RunnerError, RunnerStartError
 from ollamatrio.server.metrics import ServerMetrics
 
 models = test_scheduler.models  # the sparse GB-sized models, as a fixture here too
 req, scheduler, use = test_scheduler.req, test_scheduler.scheduler, test_scheduler.use
+generate = test_scheduler.generate
 
 GiB = 1 << 30
 
@@ -218,10 +218,7 @@ async def test_loads_and_evictions_by_reason(autojump_clock, models) -> None:
         assert sched.unload(str(models["a"]))  # request
         await trio.sleep(1)
         with pytest.raises(RunnerError):
-            async with sched.lease(req(models, "e")) as lease:
-                async with lease.engine.complete(CompletionRequest(prompt="hi")) as chunks:
-                    async for _ in chunks:
-                        pass
+            await generate(sched, req(models, "e"))
         await trio.sleep(0.001)
         samples = parse((await metrics.render()).decode())
 

@@ -665,10 +665,7 @@ async def test_crash_mid_stream_reaches_leaseholders_and_model_reloads(autojump_
     behaviours = {"a": SimulatedBehaviour(crash_after_tokens=3, tokens_per_second=10)}
     async with scheduler(behaviours=behaviours) as (sched, engines, _):
         with pytest.raises(RunnerCrashedError):
-            async with sched.lease(req(models, "a")) as lease:
-                async with lease.engine.complete(CompletionRequest(prompt="hi")) as chunks:
-                    async for _ in chunks:
-                        pass
+            await generate(sched, req(models, "a"))
         await trio.sleep(0.001)
         assert loaded(sched) == []
         engines.models.clear()

@@ -7,13 +7,13 @@ import pytest
 import test_scheduler
 import trio
 
-from ollamatrio.engines.protocol import CompletionRequest
 from ollamatrio.engines.simulated import SimulatedBehaviour
 from ollamatrio.errors import RunnerCrashedError, RunnerStartError
 from ollamatrio.scheduler.events import EventHub, SchedulerEvent
 
 models = test_scheduler.models  # the sparse GB-sized models, as a fixture here too
 req, scheduler, use = test_scheduler.req, test_scheduler.scheduler, test_scheduler.use
+generate = test_scheduler.generate
 
 
 def kinds(events: list[SchedulerEvent]) -> list[tuple[str, str, str | None]]:
@@ -68,10 +68,7 @@ async def test_a_crash_is_reported(autojump_clock, models):
     async with scheduler(behaviours=behaviours) as (sched, _, _):
         sched.events.add_listener(seen.append)
         with pytest.raises(RunnerCrashedError):
-            async with sched.lease(req(models, "a")) as lease:
-                async with lease.engine.complete(CompletionRequest(prompt="hi")) as chunks:
-                    async for _ in chunks:
-                        pass
+            await generate(sched, req(models, "a"))
         await trio.sleep(0.001)
     assert [k for k, _, _ in kinds(seen)][-2:] == ["crashed", "unloaded"]
 
