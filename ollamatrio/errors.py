@@ -15,6 +15,10 @@ class InvalidRequestError(OllamatrioError):
     """The request itself is wrong (bad option type, bad name, bad duration): HTTP 400."""
 
 
+class RequestTooLargeError(InvalidRequestError):
+    """A request body above the limit: HTTP 413."""
+
+
 class ModelNotFoundError(OllamatrioError):
     """No such model in the store, or its file is gone: HTTP 404."""
 

@@ -18,8 +18,8 @@ from typing import Final
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ollamatrio.engines.protocol import MemoryUsage
 from ollamatrio.gguf import ArraySummary, GGUFInfo
+from ollamatrio.types import MemoryUsage
 
 __all__ = [
     "Estimate",

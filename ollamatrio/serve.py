@@ -19,20 +19,20 @@ from pathlib import Path
 import trio
 from hypercorn.config import Config as HypercornConfig
 
+from .api import create_app
+from .api.app import drain_of
+from .api.models import ApiContext
+from .api.preload import preload_models, warn_missing_models
 from .config import Settings, join_host_port
 from .devices import DeviceSource
 from .engines.capability import engine_device_source
 from .engines.protocol import EngineFactory
 from .errors import OllamatrioError
+from .http.front import serve_http
 from .log import configure_logging
 from .model_config import ConfigError, ModelConfig, load_model_config
 from .runner.folders import remove_stale_runner_folders
 from .scheduler import open_scheduler
-from .server import create_app
-from .server.app import drain_of
-from .server.front import serve_http
-from .server.models import ApiContext
-from .server.preload import preload_models, warn_missing_models
 from .store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def hypercorn_config(settings: Settings, listener: socket.socket | None = None) 
     config = HypercornConfig()
     # A duplicate of the descriptor: hypercorn closes its copy, the caller keeps its own.
     config.bind = [f"fd://{os.dup(listener.fileno())}" if listener else settings.bind]
-    # Our own drain cuts what still runs after GRACEFUL_TIMEOUT (server/drain.py);
+    # Our own drain cuts what still runs after GRACEFUL_TIMEOUT (http/drain.py);
     # hypercorn waits a little longer, so that those last words are delivered.
     config.graceful_timeout = GRACEFUL_TIMEOUT + CUT_TIMEOUT
     config.accesslog = None

@@ -35,16 +35,16 @@ from pathlib import Path
 import httpx
 import trio
 
+from ollamatrio.api import create_app
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
 from ollamatrio.engines.llamacpp_wire import completion_request
 from ollamatrio.engines.process import ProcessEngine, ProcessEngineFactory
-from ollamatrio.engines.protocol import CompletionRequest
+from ollamatrio.http.front import serve_http
 from ollamatrio.scheduler import Scheduler, open_scheduler
 from ollamatrio.serve import hypercorn_config
-from ollamatrio.server import create_app
-from ollamatrio.server.front import serve_http
-from ollamatrio.store import ModelStore
+from ollamatrio.store import ModelStore, import_gguf
+from ollamatrio.types import CompletionRequest
 
 DEFAULT_SMOLLM2 = (
     Path(__file__).resolve().parent.parent
@@ -130,7 +130,7 @@ async def running_server(
         Settings.from_env({}), host="127.0.0.1", port=0, models_dir=root, num_parallel=clients
     )
     store = ModelStore(root)
-    for _ in store.import_gguf("smol", model):
+    for _ in import_gguf(store, "smol", model):
         pass
     devices = SimulatedDevices(
         json.dumps({"gpus": [], "system": {"total": 16 << 30, "cpu_count": 2}})

@@ -24,12 +24,12 @@ from pathlib import Path
 import httpx
 import trio
 
+from ollamatrio.api import create_app
 from ollamatrio.config import Settings
+from ollamatrio.http.front import serve_http
 from ollamatrio.scheduler import open_scheduler
 from ollamatrio.serve import hypercorn_config
-from ollamatrio.server import create_app
-from ollamatrio.server.front import serve_http
-from ollamatrio.store import ModelStore
+from ollamatrio.store import ModelStore, import_gguf
 from ollamatrio.testing import write_tiny_gguf
 
 
@@ -50,7 +50,7 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-catalog-") as tmp:
         root = Path(tmp)
         store = ModelStore(root / "models")
-        for _ in store.import_gguf("model-0", write_tiny_gguf(root / "tiny.gguf")):
+        for _ in import_gguf(store, "model-0", write_tiny_gguf(root / "tiny.gguf")):
             pass
         for i in range(1, args.models):
             store.copy("model-0", f"model-{i}")

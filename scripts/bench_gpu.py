@@ -63,15 +63,18 @@ from ollamatrio.config import Settings  # noqa: E402
 from ollamatrio.devices import NvmlDevices, SimulatedDevices, parse_size  # noqa: E402
 from ollamatrio.engines.capability import EngineProbeError, probe_engine  # noqa: E402
 from ollamatrio.engines.process import ProcessEngineFactory  # noqa: E402
-from ollamatrio.engines.protocol import LoadSpec  # noqa: E402
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory  # noqa: E402
 from ollamatrio.gguf import read_gguf  # noqa: E402
 from ollamatrio.memory import MemoryOptions, estimate, gpu_context_reserve  # noqa: E402
 from ollamatrio.scheduler import ModelRequest, open_scheduler  # noqa: E402
 from ollamatrio.scheduler.placement import DeviceRoom, choose_placement  # noqa: E402
 from ollamatrio.serve import serve  # noqa: E402
-from ollamatrio.store import ModelStore  # noqa: E402
+from ollamatrio.store import (  # noqa: E402
+    ModelStore,
+    import_gguf,
+)
 from ollamatrio.testing import write_tiny_gguf  # noqa: E402
+from ollamatrio.types import LoadSpec  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 LOAD_TIMEOUT = 600.0
@@ -360,7 +363,7 @@ async def speed_api(model: Path, workdir: Path, tokens: int, reps: int) -> dict[
         keep_alive=math.inf,
     )
     store = ModelStore(settings.models_dir)
-    for _ in store.import_gguf("speed", model):
+    for _ in import_gguf(store, "speed", model):
         pass
     results: dict[int, list[dict]] = {n: [] for n in STREAMS}
     stop = trio.Event()

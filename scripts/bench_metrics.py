@@ -40,11 +40,11 @@ import psutil
 import trio
 from bench_relay import Round, api_stream, free_port, pct, run_round
 
-from ollamatrio.store import ModelStore
+from ollamatrio.store import ModelStore, import_gguf
 from ollamatrio.testing import write_tiny_gguf
 
 MODELS = ("tiny", "tiny2", "tiny3", "tiny4")  # bench_relay's api_stream asks for "tiny"
-TTL = 1.0  # server/metrics.py RUNNER_SCRAPE_TTL
+TTL = 1.0  # observability/metrics.py RUNNER_SCRAPE_TTL
 
 
 @dataclass
@@ -133,7 +133,7 @@ async def main(args: argparse.Namespace) -> None:
             gguf = write_tiny_gguf(
                 root / f"{name}.gguf", layers=2, embd=64, vocab=300, ctx=4096, seed=i, name=name
             )
-            for _ in store.import_gguf(name, gguf):
+            for _ in import_gguf(store, name, gguf):
                 pass
         async with (
             serving(store.root, args.streams, None) as metrics,

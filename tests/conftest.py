@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from ollamatrio.config import Settings
+from ollamatrio.store import import_gguf
 from ollamatrio.testing import write_tiny_gguf
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class RunningServer:
 
 def import_model(store: ModelStore, name: str, path: Path, **create_args: Any) -> None:
     """Copy a GGUF into ``store`` as ``name`` (blocking; use ``trio.to_thread``)."""
-    for _ in store.import_gguf(name, path, **create_args):
+    for _ in import_gguf(store, name, path, **create_args):
         pass
 
 
@@ -93,7 +94,7 @@ ServerFactory = Callable[..., AbstractAsyncContextManager[RunningServer]]
 
 @pytest.fixture
 def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
-    """Factory: ``async with api_server(**options) as srv`` runs the app (server/front.py) on
+    """Factory: ``async with api_server(**options) as srv`` runs the app (http/front.py) on
     127.0.0.1:0 with the simulated engine and a fresh store holding ``tiny`` (a chat model)
     and ``tiny-embed`` (an embedding model).
 
@@ -113,12 +114,12 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
         **overrides: Any,
     ) -> AsyncIterator[RunningServer]:
         # Imported here so that a broken server module fails only the API tests.
+        from ollamatrio.api import create_app
         from ollamatrio.devices import SimulatedDevices
         from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
+        from ollamatrio.http.front import serve_http
         from ollamatrio.scheduler import open_scheduler
         from ollamatrio.serve import hypercorn_config
-        from ollamatrio.server import create_app
-        from ollamatrio.server.front import serve_http
         from ollamatrio.store import ModelStore
 
         settings = replace(

@@ -15,9 +15,9 @@ from test_api_serve import _engines, import_model
 
 from ollamatrio.config import Settings
 from ollamatrio.engines.simulated import SimulatedBehaviour
+from ollamatrio.observability import events as events_route
 from ollamatrio.scheduler.events import SUBSCRIBER_BUFFER
 from ollamatrio.serve import serve
-from ollamatrio.server import events_route
 from ollamatrio.store import ModelStore
 
 

@@ -15,12 +15,12 @@ import pytest
 import trio
 from helpers.recording import RecordingEngines
 
+from ollamatrio.api.requests import MAX_JSON_DEPTH, decode_json_object, merge_options
 from ollamatrio.devices import cpu_count
 from ollamatrio.engines.llamacpp_wire import EMBED_INPUT_TOO_LONG, is_embedding_input_limit
 from ollamatrio.engines.process import ProcessEngineFactory
 from ollamatrio.engines.simulated import SimulatedBehaviour
 from ollamatrio.errors import InvalidRequestError
-from ollamatrio.server.requests import MAX_JSON_DEPTH, decode_json_object, merge_options
 
 NATIVE_POSTS = [
     "/api/generate", "/api/chat", "/api/embed", "/api/embeddings", "/api/show", "/api/create",

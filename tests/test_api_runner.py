@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from ollamatrio.engines.process import ProcessEngineFactory
+from ollamatrio.store import import_gguf
 
 
 def runner_of(srv, model: str):
@@ -182,7 +183,7 @@ async def test_demo_model_answers_the_readme_question_briefly(
             ollama.AsyncClient(host=srv.url) as c,
         ):
             await trio.to_thread.run_sync(
-                lambda: list(srv.store.import_gguf("smollm2:135m", smollm2_path, **create_args))
+                lambda: list(import_gguf(srv.store, "smollm2:135m", smollm2_path, **create_args))
             )
             question = [{"role": "user", "content": "What is the capital of France?"}]
             for seed in range(3):

@@ -22,13 +22,13 @@ from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
 from ollamatrio.serve import StartupError, check_models_dir, serve
-from ollamatrio.store import ModelStore
+from ollamatrio.store import ModelStore, import_gguf
 
 SYSTEM = json.dumps({"gpus": [], "system": {"total": 64 << 30, "cpu_count": 2}})
 
 
 def import_model(store: ModelStore, name: str, path: Path) -> None:
-    for _ in store.import_gguf(name, path):
+    for _ in import_gguf(store, name, path):
         pass
 
 

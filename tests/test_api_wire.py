@@ -16,9 +16,9 @@ import pytest
 import trio
 from helpers.recording import RecordingEngines
 
+from ollamatrio.api.requests import MAX_JSON_BODY
 from ollamatrio.config import parse_origins
 from ollamatrio.engines.simulated import SimulatedBehaviour
-from ollamatrio.server.requests import MAX_JSON_BODY
 
 
 def lines_of(response: httpx.Response) -> list[dict[str, Any]]:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ollamatrio.api.models import capabilities
 from ollamatrio.gguf import read_gguf
-from ollamatrio.server.models import capabilities
 from ollamatrio.store import Manifest, Model, ModelName
 
 LLAMA32_TOOLS = (

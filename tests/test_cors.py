@@ -1,4 +1,4 @@
-"""CORS decisions as pure functions (``ollamatrio.server.cors``), checked against what
+"""CORS decisions as pure functions (``ollamatrio.http.cors``), checked against what
 gin-contrib/cors v1.7.2 does with Ollama's configuration."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ollamatrio.config import parse_origins
-from ollamatrio.server.cors import (
+from ollamatrio.http.cors import (
     ALLOW_HEADERS,
     CorsAnswer,
     OriginPolicy,

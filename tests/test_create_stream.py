@@ -1,6 +1,6 @@
 """``/api/create``'s progress stream: who owns the store's iterator, and how errors end it.
 
-The store's ``create`` is replaced by scripted iterators, so each test controls exactly
+The store's ``create_model`` is replaced by scripted iterators, so each test controls exactly
 where the stream stands when the client leaves or a step fails."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import httpx
 import pytest
 import trio
 
+from ollamatrio.api import progress
 from ollamatrio.errors import InvalidRequestError, ModelNotFoundError, OllamatrioError
 
 BODY = {"model": "new", "from": "tiny"}
@@ -27,7 +28,7 @@ class Script:
         self.closed = trio.Event()
         self._token = trio.lowlevel.current_trio_token()
 
-    def __call__(self, name: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    def __call__(self, store: Any, name: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
         return self._run()
 
     def _run(self) -> Iterator[dict[str, Any]]:
@@ -74,7 +75,7 @@ async def test_client_gone_at_the_head_closes_the_store_iterator(
 
     with trio.fail_after(30):
         async with api_server() as srv:
-            monkeypatch.setattr(srv.store, "create", script)
+            monkeypatch.setattr(progress, "create_model", script)
             scope, receive = scope_for("/api/create", BODY)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(srv.app, scope, receive, send)
@@ -97,7 +98,7 @@ async def test_an_error_before_the_first_event_keeps_its_status(
     script = Script(failure)
     with trio.fail_after(30):
         async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as c:
-            monkeypatch.setattr(srv.store, "create", script)
+            monkeypatch.setattr(progress, "create_model", script)
             r = await c.post("/api/create", json={**BODY, "stream": stream})
             assert r.status_code == status
             assert r.json() == {"error": str(failure)}
@@ -124,7 +125,7 @@ async def test_an_error_after_the_first_event_ends_with_an_error_line(
     script = Script({"status": "parsing GGUF"}, failure)
     with trio.fail_after(30):
         async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as c:
-            monkeypatch.setattr(srv.store, "create", script)
+            monkeypatch.setattr(progress, "create_model", script)
             r = await c.post("/api/create", json=BODY)
             assert r.status_code == 200
             lines = [json.loads(line) for line in r.text.splitlines()]
@@ -138,10 +139,10 @@ async def test_each_event_is_one_line_and_stream_false_answers_the_last(
     steps = [{"status": "parsing GGUF"}, {"status": "writing manifest"}, {"status": "success"}]
     with trio.fail_after(30):
         async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as c:
-            monkeypatch.setattr(srv.store, "create", Script(*steps))
+            monkeypatch.setattr(progress, "create_model", Script(*steps))
             r = await c.post("/api/create", json=BODY)
             assert r.headers["content-type"] == "application/x-ndjson"
             assert [json.loads(line) for line in r.text.splitlines()] == steps
-            monkeypatch.setattr(srv.store, "create", Script(*steps))
+            monkeypatch.setattr(progress, "create_model", Script(*steps))
             r = await c.post("/api/create", json={**BODY, "stream": False})
             assert (r.status_code, r.json()) == (200, {"status": "success"})

@@ -30,7 +30,7 @@ from ollamatrio.engines.capability import (
     probe_engine,
 )
 from ollamatrio.serve import serve
-from ollamatrio.store import ModelStore
+from ollamatrio.store import ModelStore, import_gguf
 
 fake_nvml = test_devices.fake_nvml  # the fixture faking two NVIDIA GPUs, shared
 
@@ -265,7 +265,7 @@ async def test_serve_places_on_the_cpu_with_a_cpu_only_engine(
     monkeypatch.setattr(capability, "probe_engine", _probe(CPU_ONLY))
     settings = Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models")
     store = ModelStore(settings.models_dir)
-    for _ in store.import_gguf("tiny", tiny_gguf()):
+    for _ in import_gguf(store, "tiny", tiny_gguf()):
         pass
     stop = trio.Event()
     with trio.fail_after(60):

@@ -1,4 +1,4 @@
-"""The HTTP front door (server/front.py, server/asgi_http.py) at the byte level: every simple
+"""The HTTP front door (http/front.py, http/asgi.py) at the byte level: every simple
 HTTP/1.1 request served on raw Trio, keep-alive across requests of any kind, the hand-off of
 anything else to hypercorn (with the bytes already read), framing it refuses, and idle
 connections at shutdown.
@@ -21,15 +21,15 @@ from urllib.parse import urlsplit
 import trio
 from hypercorn.config import Config
 
+from ollamatrio.api.models import ApiContext
+from ollamatrio.api.requests import MAX_JSON_BODY
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
+from ollamatrio.http.asgi import Exchange
+from ollamatrio.http.front import RECEIVE_SIZE, serve_http
 from ollamatrio.serve import serve
-from ollamatrio.server.asgi_http import Exchange
-from ollamatrio.server.front import RECEIVE_SIZE, serve_http
-from ollamatrio.server.models import ApiContext
-from ollamatrio.server.requests import MAX_JSON_BODY
-from ollamatrio.store import ModelStore
+from ollamatrio.store import ModelStore, import_gguf
 
 
 class Response:
@@ -391,7 +391,7 @@ async def test_an_idle_connection_closes_after_the_keep_alive_timeout(
 async def test_shutdown_closes_idle_connections_at_once(tmp_path: Path, tiny_gguf) -> None:
     settings = Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models")
     store = ModelStore(settings.models_dir)
-    for _ in store.import_gguf("tiny", tiny_gguf()):
+    for _ in import_gguf(store, "tiny", tiny_gguf()):
         pass
     devices = SimulatedDevices(json.dumps({"gpus": [], "system": {"total": 64 << 30}}))
     engines = SimulatedEngineFactory(devices, default=SimulatedBehaviour(load_seconds=0.01))

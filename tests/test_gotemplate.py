@@ -11,13 +11,13 @@ import httpx
 import pytest
 import trio
 
-from ollamatrio.engines.protocol import Chunk, CompletionRequest, LoadSpec
 from ollamatrio.engines.simulated import (
     SimulatedBehaviour,
     SimulatedEngine,
     SimulatedEngineFactory,
 )
-from ollamatrio.server.gotemplate import TemplateError, collate, parse, render_prompt
+from ollamatrio.template.gotemplate import TemplateError, collate, parse, render_prompt
+from ollamatrio.types import Chunk, CompletionRequest, LoadSpec
 
 # -- real templates --------------------------------------------------------------------
 

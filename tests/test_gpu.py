@@ -16,8 +16,8 @@ from ollamatrio.config import Settings
 from ollamatrio.devices import NvmlDevices
 from ollamatrio.engines.capability import engine_device_source, probe_engine
 from ollamatrio.engines.process import ProcessEngineFactory
-from ollamatrio.engines.protocol import CompletionRequest, LoadSpec
 from ollamatrio.scheduler import ModelRequest, open_scheduler
+from ollamatrio.types import CompletionRequest, LoadSpec
 
 pytestmark = pytest.mark.gpu
 

@@ -10,10 +10,10 @@ import test_scheduler
 import trio
 
 from ollamatrio.engines.process import ProcessEngineFactory
-from ollamatrio.engines.protocol import LoadSpec
 from ollamatrio.engines.simulated import LOAD_STEPS, SimulatedBehaviour
 from ollamatrio.errors import RunnerStartError
 from ollamatrio.scheduler.events import SchedulerEvent
+from ollamatrio.types import LoadSpec
 
 models = test_scheduler.models
 req, scheduler, use = test_scheduler.req, test_scheduler.scheduler, test_scheduler.use

@@ -9,7 +9,7 @@ from ollamatrio.engines.llamacpp_wire import (
     completion_request,
     ollama_logprobs,
 )
-from ollamatrio.engines.protocol import CompletionRequest
+from ollamatrio.types import CompletionRequest
 
 PROB = {
     "id": 5, "token": "Paris", "bytes": [80, 97, 114, 105, 115], "logprob": -0.1,

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ollamatrio.engines.process import ProcessEngineFactory
 from ollamatrio.engines.simulated import SimulatedBehaviour
 from ollamatrio.errors import RunnerError, RunnerStartError
-from ollamatrio.server.metrics import ServerMetrics
+from ollamatrio.observability.metrics import ServerMetrics
 
 models = test_scheduler.models  # the sparse GB-sized models, as a fixture here too
 req, scheduler, use = test_scheduler.req, test_scheduler.scheduler, test_scheduler.use

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import trio
 
+from ollamatrio.api.models import REVALIDATE_AFTER, ApiContext
 from ollamatrio.config import Settings
 from ollamatrio.errors import ModelNotFoundError
-from ollamatrio.server.models import REVALIDATE_AFTER, ApiContext
-from ollamatrio.store import ModelStore
+from ollamatrio.store import ModelStore, import_gguf
 
 TinyGGUF = Callable[..., Path]
 
 
 def imported(store: ModelStore, name: str, path: Path, **create_args: object) -> None:
-    for _ in store.import_gguf(name, path, **create_args):
+    for _ in import_gguf(store, name, path, **create_args):
         pass
 
 

@@ -20,15 +20,15 @@ import openai
 import pytest
 import trio
 
-from ollamatrio.engines.protocol import Chunk, CompletionRequest, LoadSpec
+from ollamatrio.api import openai_wire as wire
 from ollamatrio.engines.simulated import (
     SimulatedBehaviour,
     SimulatedEngine,
     SimulatedEngineFactory,
 )
 from ollamatrio.errors import InvalidRequestError, QueueFullError
-from ollamatrio.server import openai_wire as wire
 from ollamatrio.testing.tiny_gguf import CHATML
+from ollamatrio.types import Chunk, CompletionRequest, LoadSpec
 
 # A template that advertises tools and thinking, so the model gets both capabilities.
 TOOLS_TEMPLATE = CHATML + "{% if tools %}{{ tools }}{% endif %}{% if enable_thinking %}{% endif %}"

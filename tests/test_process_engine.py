@@ -36,7 +36,6 @@ from ollamatrio.engines.process import (
     open_runner_http,
     stall_guard,
 )
-from ollamatrio.engines.protocol import Chunk, CompletionRequest, LoadSpec
 from ollamatrio.engines.runner_http import parse_event
 from ollamatrio.errors import (
     CapabilityError,
@@ -45,6 +44,7 @@ from ollamatrio.errors import (
     RunnerError,
     RunnerStartError,
 )
+from ollamatrio.types import Chunk, CompletionRequest, LoadSpec
 
 TinyGGUF = Callable[..., Path]
 GREEDY = {"temperature": 0, "seed": 42}

@@ -16,7 +16,7 @@ import ollama
 import pytest
 import trio
 
-from ollamatrio.server.app import drain_of
+from ollamatrio.api.app import drain_of
 from ollamatrio.store import MEDIA_MODEL, MEDIA_TEMPLATE
 from ollamatrio.store import registry as registry_module
 from ollamatrio.testing.fake_registry import FakeRegistry

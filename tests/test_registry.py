@@ -25,6 +25,7 @@ from ollamatrio.store import (
     MEDIA_TEMPLATE,
     InvalidModelNameError,
     ModelStore,
+    import_gguf,
 )
 from ollamatrio.store.download import DownloadOptions, Part, PullError, plan_parts
 from ollamatrio.store.registry import open_registry_client, pull_progress, start_pull
@@ -546,7 +547,7 @@ async def test_registry_serves_an_ollama_models_directory(
     source = ModelStore(tmp_path / "source")
 
     def import_model() -> None:
-        for _ in source.import_gguf("team/tiny:q8", tiny_gguf(), template="{{ .Prompt }}"):
+        for _ in import_gguf(source, "team/tiny:q8", tiny_gguf(), template="{{ .Prompt }}"):
             pass
 
     await trio.to_thread.run_sync(import_model)

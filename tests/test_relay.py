@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 
-from ollamatrio.engines.protocol import Chunk, CompletionRequest, LoadSpec
 from ollamatrio.engines.simulated import SimulatedEngineFactory
+from ollamatrio.types import Chunk, CompletionRequest, LoadSpec
 
 
 class BatchedStream:

@@ -26,13 +26,13 @@ from helpers.runner_process import (
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
 from ollamatrio.engines.process import ProcessEngineFactory
-from ollamatrio.engines.protocol import LoadSpec
 from ollamatrio.engines.simulated import SimulatedEngineFactory
 from ollamatrio.runner.folders import PREFIX as RUNNER_FOLDER_PREFIX
 from ollamatrio.runner.folders import make_runner_folder, remove_stale_runner_folders
 from ollamatrio.runner.logs import LineTail, llama_error_text
 from ollamatrio.runner.options import GpuFacts, ModelFacts, RunnerConfig, is_oom, plan_load
 from ollamatrio.serve import serve
+from ollamatrio.types import LoadSpec
 
 HELPERS = Path(__file__).parent / "helpers"
 TinyGGUF = Callable[..., Path]

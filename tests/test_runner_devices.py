@@ -18,9 +18,9 @@ import pytest
 import trio
 
 from ollamatrio.engines.process import ProcessEngineFactory
-from ollamatrio.engines.protocol import LoadSpec
 from ollamatrio.errors import RunnerStartError
 from ollamatrio.runner.visibility import HIDE_ALL, visible_devices_env
+from ollamatrio.types import LoadSpec
 
 FAKE_ENGINE = """\
 import os, threading

@@ -17,7 +17,6 @@ import trio
 
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
-from ollamatrio.engines.protocol import CompletionRequest
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
 from ollamatrio.errors import (
     InsufficientMemoryError,
@@ -32,6 +31,7 @@ from ollamatrio.model_config import ModelConfig
 from ollamatrio.model_info import read_cached
 from ollamatrio.scheduler import ModelRequest, Scheduler, open_scheduler
 from ollamatrio.testing import write_tiny_gguf
+from ollamatrio.types import CompletionRequest
 
 GiB = 1 << 30
 

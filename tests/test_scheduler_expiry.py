@@ -25,8 +25,8 @@ from ollamatrio.devices import SimulatedDevices
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
 from ollamatrio.model_info import read_cached
 from ollamatrio.scheduler import ModelRequest, Scheduler, open_scheduler
-from ollamatrio.server.wire import rfc3339_from_timestamp
 from ollamatrio.testing import write_tiny_gguf
+from ollamatrio.wire import rfc3339_from_timestamp
 
 LOAD_SECONDS = 1.0
 # An evicted runner takes new requests for as long as it took to load (B30), then it

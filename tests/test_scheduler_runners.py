@@ -13,9 +13,9 @@ import trio
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
 from ollamatrio.engines.process import ProcessEngineFactory
-from ollamatrio.engines.protocol import CompletionRequest
 from ollamatrio.errors import RunnerCrashedError, RunnerStartError
 from ollamatrio.scheduler import ModelRequest, open_scheduler
+from ollamatrio.types import CompletionRequest
 
 TIMEOUT = 60
 

@@ -15,9 +15,10 @@ import test_api_serve
 import trio
 
 from ollamatrio.config import Settings
-from ollamatrio.engines.protocol import Engine, LoadSpec
+from ollamatrio.engines.protocol import Engine
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
 from ollamatrio.store import ModelStore
+from ollamatrio.types import LoadSpec
 
 CONFIG = """
 [models.absent]

@@ -21,6 +21,8 @@ from ollamatrio.store import (
     ModelStore,
     PruneResult,
     StoreError,
+    create_model,
+    import_gguf,
     parse_digest,
 )
 from ollamatrio.store.create import human_number
@@ -260,7 +262,8 @@ def test_abandoned_writer_leaves_nothing(store: ModelStore) -> None:
 def test_create_from_gguf_file(store: ModelStore, gguf_path: Path) -> None:
     digest = upload(store, gguf_path)
     progress = list(
-        store.create(
+        create_model(
+            store,
             "tiny",
             files={"tiny.gguf": digest},
             template=TEMPLATE,
@@ -305,9 +308,9 @@ def test_create_from_gguf_file(store: ModelStore, gguf_path: Path) -> None:
 
 def test_create_again_reuses_every_layer(store: ModelStore, gguf_path: Path) -> None:
     digest = upload(store, gguf_path)
-    list(store.create("tiny", files={"t.gguf": digest}, system="S"))
+    list(create_model(store, "tiny", files={"t.gguf": digest}, system="S"))
     first = store.resolve("tiny")
-    again = statuses(store.create("tiny", files={"t.gguf": digest}, system="S"))
+    again = statuses(create_model(store, "tiny", files={"t.gguf": digest}, system="S"))
     assert not any(s.startswith("creating new layer") for s in again)
     assert store.resolve("tiny").digest == first.digest
 
@@ -317,7 +320,8 @@ def test_create_from_existing_model_overrides_and_merges(
 ) -> None:
     write_ollama_model(store.root, gguf_path)
     progress = statuses(
-        store.create(
+        create_model(
+            store,
             "mine:v1",
             from_model="smollm2:135m",
             system="Talk like a pirate.",
@@ -361,30 +365,30 @@ def test_create_from_existing_model_overrides_and_merges(
 def test_create_rejects_bad_requests(
     store: ModelStore, gguf_path: Path, kwargs: dict[str, object], message: str
 ) -> None:
-    list(store.create("base", files={"b.gguf": upload(store, gguf_path)}))
+    list(create_model(store, "base", files={"b.gguf": upload(store, gguf_path)}))
     with pytest.raises(InvalidRequestError, match=message):
-        store.create("new", **kwargs)  # type: ignore[arg-type]
+        create_model(store, "new", **kwargs)  # type: ignore[arg-type]
     assert not store.exists("new")
 
 
 def test_create_from_missing_model(store: ModelStore) -> None:
     with pytest.raises(ModelNotFoundError, match='model "ghost" not found'):
-        store.create("new", from_model="ghost")
+        create_model(store, "new", from_model="ghost")
 
 
 def test_create_refuses_a_file_that_is_not_gguf(store: ModelStore) -> None:
     digest = sha(b"not a gguf at all")
     store.write_blob(digest, [b"not a gguf at all"])
     with pytest.raises(InvalidRequestError, match="supplied file was not in GGUF format"):
-        list(store.create("x", files={"x.gguf": digest}))
+        list(create_model(store, "x", files={"x.gguf": digest}))
     assert not store.exists("x")
 
 
 def test_replacing_a_model_drops_its_unshared_blobs(store: ModelStore, gguf_path: Path) -> None:
     digest = upload(store, gguf_path)
-    list(store.create("tiny", files={"t.gguf": digest}, system="first"))
+    list(create_model(store, "tiny", files={"t.gguf": digest}, system="first"))
     old_system = store.resolve("tiny").manifest.layers[1].digest
-    list(store.create("tiny", files={"t.gguf": digest}, system="second"))
+    list(create_model(store, "tiny", files={"t.gguf": digest}, system="second"))
     assert not store.has_blob(old_system)
     assert store.has_blob(digest)
 
@@ -392,16 +396,16 @@ def test_replacing_a_model_drops_its_unshared_blobs(store: ModelStore, gguf_path
 def test_replacing_with_noprune_keeps_old_blobs(tmp_path: Path, gguf_path: Path) -> None:
     store = ModelStore(tmp_path / "models", noprune=True)
     digest = upload(store, gguf_path)
-    list(store.create("tiny", files={"t.gguf": digest}, system="first"))
+    list(create_model(store, "tiny", files={"t.gguf": digest}, system="first"))
     old_system = store.resolve("tiny").manifest.layers[1].digest
-    list(store.create("tiny", files={"t.gguf": digest}, system="second"))
+    list(create_model(store, "tiny", files={"t.gguf": digest}, system="second"))
     assert store.has_blob(old_system)
     assert store.prune().blobs_removed == 0
 
 
 def test_import_gguf_copies_sparsely_and_creates(store: ModelStore, tiny_gguf: TinyGGUF) -> None:
     source = tiny_gguf(sparse=True, embd=512, layers=4)
-    progress = list(store.import_gguf("sparse:1", source, system="hi"))
+    progress = list(import_gguf(store, "sparse:1", source, system="hi"))
     assert progress[0] == {"status": "copying file", "total": source.stat().st_size, "completed": 0}
     assert progress[-1] == {"status": "success"}
     model = store.resolve("sparse:1")
@@ -415,7 +419,7 @@ def test_import_refuses_non_gguf(store: ModelStore, tmp_path: Path) -> None:
     bogus = tmp_path / "bogus.gguf"
     bogus.write_bytes(b"\x00" * 100)
     with pytest.raises(GGUFError):
-        store.import_gguf("bogus", bogus)
+        import_gguf(store, "bogus", bogus)
     assert blob_names(store) == set()
 
 
@@ -445,8 +449,8 @@ def test_copy_onto_a_case_variant_overwrites_it(store: ModelStore, gguf_path: Pa
 
 def test_delete_keeps_shared_blobs_until_the_last_user(store: ModelStore, gguf_path: Path) -> None:
     digest = upload(store, gguf_path)
-    list(store.create("a", files={"t.gguf": digest}, system="only a"))
-    list(store.create("ns/b:x", files={"t.gguf": digest}))
+    list(create_model(store, "a", files={"t.gguf": digest}, system="only a"))
+    list(create_model(store, "ns/b:x", files={"t.gguf": digest}))
     only_a = store.resolve("a").manifest.layers[1].digest
     store.delete("a")
     assert not store.exists("a")
@@ -593,7 +597,7 @@ async def test_concurrent_creates_deletes_and_prunes(store: ModelStore, gguf_pat
     def work(i: int) -> None:
         try:
             for round_ in range(4):
-                list(store.create(f"m{i}", files={"t.gguf": digest}, system=f"{i}-{round_}"))
+                list(create_model(store, f"m{i}", files={"t.gguf": digest}, system=f"{i}-{round_}"))
                 store.prune()
             if i % 2:
                 store.delete(f"m{i}")
@@ -641,7 +645,7 @@ def test_go_json_matches_go_encoder() -> None:
 
 @pytest.mark.slow
 def test_import_real_smollm2(store: ModelStore, smollm2_path: Path) -> None:
-    progress = list(store.import_gguf("smollm2:135m", smollm2_path))
+    progress = list(import_gguf(store, "smollm2:135m", smollm2_path))
     assert progress[-1] == {"status": "success"}
     model = store.resolve("smollm2:135m")
     assert model.details.family == "llama"

@@ -1,7 +1,7 @@
 """Engines: what hosts a loaded model (a llama.cpp runner process, or a simulation).
 
-Imports stay inside the function: the runner subprocess imports ``engines.protocol`` and
-must not pay for the server-side modules.
+Imports stay inside the function: whoever imports the protocol alone must not pay for the
+server-side modules.
 """
 
 from __future__ import annotations

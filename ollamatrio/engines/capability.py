@@ -33,8 +33,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-import ollamatrio
-
 from ..devices import DeviceSource, GpuInfo, Inventory, open_device_source
 
 if TYPE_CHECKING:
@@ -112,7 +110,7 @@ def probe_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (default: ours) with this package importable, as runners get it."""
     result = dict(os.environ if env is None else env)
     result["GGML_NO_BACKTRACE"] = "1"  # no gdb attach on abort()
-    package_root = str(Path(ollamatrio.__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder holding ollamatrio/
     result["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_root, result.get("PYTHONPATH", "")) if p
     )

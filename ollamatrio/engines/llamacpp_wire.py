@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ollamatrio.engines.protocol import Chunk, CompletionRequest
 from ollamatrio.errors import InvalidRequestError
+from ollamatrio.types import Chunk, CompletionRequest
 
 # Ollama option -> (llama.cpp request field, Ollama's default).
 SAMPLING_OPTIONS: dict[str, tuple[str, Any]] = {

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-import ollamatrio
 from ollamatrio.config import DEFAULT_STALL_TIMEOUT
 from ollamatrio.engines.llamacpp_wire import (
     EMBED_INPUT_TOO_LONG,
@@ -51,14 +50,7 @@ from ollamatrio.engines.llamacpp_wire import (
     raise_for_error,
 )
 from ollamatrio.engines.load_watch import watch_file_reads
-from ollamatrio.engines.protocol import (
-    Chunk,
-    CompletionRequest,
-    Embeddings,
-    LoadProgress,
-    LoadSpec,
-    MemoryUsage,
-)
+from ollamatrio.engines.protocol import LoadProgress
 from ollamatrio.engines.runner_http import (
     EventSource,
     RunnerConnectionError,
@@ -77,6 +69,7 @@ from ollamatrio.runner.folders import make_runner_folder
 from ollamatrio.runner.logs import LineTail, llama_error_text
 from ollamatrio.runner.options import RunnerConfig, is_oom
 from ollamatrio.runner.visibility import visible_devices_env
+from ollamatrio.types import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage
 
 if TYPE_CHECKING:
     from ollamatrio.config import Settings
@@ -142,7 +135,7 @@ class ProcessEngineFactory:
     def _runner_env(self, spec: LoadSpec) -> dict[str, str]:
         env = dict(self.env)
         env["GGML_NO_BACKTRACE"] = "1"  # no gdb attach on abort()
-        package_root = str(Path(ollamatrio.__file__).resolve().parent.parent)
+        package_root = str(Path(__file__).resolve().parents[2])  # the folder holding ollamatrio/
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root, env.get("PYTHONPATH", "")) if p
         )

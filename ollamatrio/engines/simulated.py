@@ -31,8 +31,9 @@ from ..errors import InvalidRequestError, OutOfMemoryError, RunnerCrashedError, 
 from ..gguf import GGUFInfo
 from ..memory import MemoryOptions, estimate, gpu_context_reserve, plan_layout
 from ..model_info import read_model_info
+from ..types import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage
 from .llamacpp_wire import EMBED_INPUT_TOO_LONG
-from .protocol import Chunk, CompletionRequest, Embeddings, LoadProgress, LoadSpec, MemoryUsage
+from .protocol import LoadProgress
 
 LOAD_STEPS = 10  # progress reports over a simulated load (like 10 % steps of a real one)
 

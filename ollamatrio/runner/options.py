@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ollamatrio.engines.protocol import LoadSpec
+from ollamatrio.types import LoadSpec
 
 # llama.cpp's accepted KV cache types (common/arg.cpp kv_cache_types).
 KV_CACHE_TYPES = frozenset({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})

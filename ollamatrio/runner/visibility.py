@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from ollamatrio.engines.protocol import LoadSpec
+from ollamatrio.types import LoadSpec
 
 #: Values that hide every device.  CUDA's runtime ends its list at the first empty or
 #: invalid entry; HIP and ROCr take an invalid index ("-1", as Ollama documents for

@@ -16,7 +16,8 @@ from typing import Any
 
 import trio
 
-from ..engines.protocol import Engine, LoadSpec, MemoryUsage
+from ..engines.protocol import Engine
+from ..types import LoadSpec, MemoryUsage
 from .options import LoadOptions
 from .placement import Placement
 

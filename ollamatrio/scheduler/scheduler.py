@@ -33,7 +33,7 @@ import trio
 from .. import model_info
 from ..config import Settings
 from ..devices import DeviceSource, Inventory, open_device_source
-from ..engines.protocol import Engine, EngineFactory, LoadSpec
+from ..engines.protocol import Engine, EngineFactory
 from ..errors import (
     GGUFError,
     InsufficientMemoryError,
@@ -49,6 +49,7 @@ from ..errors import (
 from ..gguf import GGUFInfo
 from ..memory import Estimate, MemoryOptions, estimate, gpu_context_reserve
 from ..model_config import ModelConfig
+from ..types import LoadSpec
 from .calibration import VramCalibration
 from .events import EventHub, EvictReason, SchedulerEvent
 from .options import LoadOptions, default_context_length, needs_reload, resolve_load_options

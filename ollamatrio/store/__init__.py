@@ -1,5 +1,6 @@
 """The Ollama-compatible model store: names, manifests, blobs, create/copy/delete/prune."""
 
+from .create import create_model, import_gguf
 from .manifest import (
     CONFIG_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
@@ -53,6 +54,8 @@ __all__ = [
     "PruneResult",
     "StoreError",
     "blob_filename",
+    "create_model",
+    "import_gguf",
     "parse_digest",
     "parse_name",
 ]

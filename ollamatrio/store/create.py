@@ -7,9 +7,11 @@ template, system prompt, licenses, parameters and messages given in the request.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from ..errors import GGUFError, InvalidRequestError, ModelNotFoundError
 from ..gguf import GGUFInfo, read_gguf
@@ -32,9 +34,7 @@ from .manifest import (
     parse_digest,
 )
 from .names import ModelName, parse_name
-
-if TYPE_CHECKING:
-    from .store import ModelStore, PinSet
+from .store import _CHUNK, ModelStore, PinSet
 
 NEITHER_FROM_NOR_FILES = "neither 'from' or 'files' was specified"
 NOT_GGUF = "supplied file was not in GGUF format"
@@ -347,3 +347,79 @@ def _config_from(
         )
 
     return build
+
+
+def create_model(
+    store: ModelStore,
+    name: str | ModelName,
+    *,
+    from_model: str | None = None,
+    files: Mapping[str, str] | None = None,
+    adapters: Mapping[str, str] | None = None,
+    template: str | None = None,
+    system: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    license: str | Sequence[str] | None = None,
+    messages: Sequence[Mapping[str, Any]] | None = None,
+    quantize: str | None = None,
+    renderer: str | None = None,
+    parser: str | None = None,
+    requires: str | None = None,
+) -> Iterator[dict[str, Any]]:
+    """``/api/create`` at store level: validates now, then yields progress dicts.
+
+    Statuses as Ollama's: "parsing GGUF", "using existing layer sha256:...",
+    "creating new layer sha256:...", "writing manifest", "success".
+    """
+    request = CreateRequest.validate(
+        store,
+        name=name,
+        from_model=from_model,
+        files=files,
+        adapters=adapters,
+        template=template,
+        system=system,
+        parameters=parameters,
+        license=license,
+        messages=messages,
+        quantize=quantize,
+        renderer=renderer,
+        parser=parser,
+        requires=requires,
+    )
+    return run_create(store, request)
+
+
+def import_gguf(
+    store: ModelStore, name: str | ModelName, path: str | os.PathLike[str], **create_args: Any
+) -> Iterator[dict[str, Any]]:
+    """Copy a local GGUF file into the store and create ``name`` from it.
+
+    The copy is hashed while it is written; zero-filled stretches of a sparse source
+    stay holes in the blob.  Yields "copying file" progress, then :func:`create_model`'s.
+    """
+    model_name = parse_name(name)
+    source = Path(path)
+    read_gguf(source)  # refuse a non-GGUF file before copying anything
+    return _import_steps(store, model_name, source, create_args)
+
+
+def _import_steps(
+    store: ModelStore, name: ModelName, source: Path, create_args: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    total = source.stat().st_size
+    yield {"status": "copying file", "total": total, "completed": 0}
+    with store.pinned() as pins:
+        with store.blob_writer() as writer, open(source, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                writer.write(chunk)
+                yield {"status": "copying file", "total": total, "completed": writer.size}
+            digest = writer.commit(pins)
+        yield {
+            "status": f"copied file {digest}",
+            "digest": digest,
+            "total": total,
+            "completed": total,
+        }
+        key = source.name if source.suffix in (".gguf", ".bin") else source.name + ".gguf"
+        yield from create_model(store, name, files={key: digest}, **create_args)

@@ -22,7 +22,7 @@ import os
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -30,8 +30,6 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import InvalidRequestError, ModelNotFoundError, OllamatrioError
-from ..gguf import read_gguf
-from .create import CreateRequest, run_create
 from .manifest import (
     MEDIA_ADAPTER,
     MEDIA_LICENSE,
@@ -679,81 +677,6 @@ class ModelStore:
                     path = os.path.join(dirpath, dirname)
                     if not os.path.islink(path):
                         os.rmdir(path)
-
-    # -- creating models -------------------------------------------------------------------
-
-    def create(
-        self,
-        name: str | ModelName,
-        *,
-        from_model: str | None = None,
-        files: Mapping[str, str] | None = None,
-        adapters: Mapping[str, str] | None = None,
-        template: str | None = None,
-        system: str | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        license: str | Sequence[str] | None = None,
-        messages: Sequence[Mapping[str, Any]] | None = None,
-        quantize: str | None = None,
-        renderer: str | None = None,
-        parser: str | None = None,
-        requires: str | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        """``/api/create`` at store level: validates now, then yields progress dicts.
-
-        Statuses as Ollama's: "parsing GGUF", "using existing layer sha256:...",
-        "creating new layer sha256:...", "writing manifest", "success".
-        """
-        request = CreateRequest.validate(
-            self,
-            name=name,
-            from_model=from_model,
-            files=files,
-            adapters=adapters,
-            template=template,
-            system=system,
-            parameters=parameters,
-            license=license,
-            messages=messages,
-            quantize=quantize,
-            renderer=renderer,
-            parser=parser,
-            requires=requires,
-        )
-        return run_create(self, request)
-
-    def import_gguf(
-        self, name: str | ModelName, path: str | os.PathLike[str], **create_args: Any
-    ) -> Iterator[dict[str, Any]]:
-        """Copy a local GGUF file into the store and create ``name`` from it.
-
-        The copy is hashed while it is written; zero-filled stretches of a sparse source
-        stay holes in the blob.  Yields "copying file" progress, then :meth:`create`'s.
-        """
-        model_name = parse_name(name)
-        source = Path(path)
-        read_gguf(source)  # refuse a non-GGUF file before copying anything
-        return self._import_steps(model_name, source, create_args)
-
-    def _import_steps(
-        self, name: ModelName, source: Path, create_args: dict[str, Any]
-    ) -> Iterator[dict[str, Any]]:
-        total = source.stat().st_size
-        yield {"status": "copying file", "total": total, "completed": 0}
-        with self.pinned() as pins:
-            with self.blob_writer() as writer, open(source, "rb") as f:
-                while chunk := f.read(_CHUNK):
-                    writer.write(chunk)
-                    yield {"status": "copying file", "total": total, "completed": writer.size}
-                digest = writer.commit(pins)
-            yield {
-                "status": f"copied file {digest}",
-                "digest": digest,
-                "total": total,
-                "completed": total,
-            }
-            key = source.name if source.suffix in (".gguf", ".bin") else source.name + ".gguf"
-            yield from self.create(name, files={key: digest}, **create_args)
 
 
 def _str(value: object) -> str:

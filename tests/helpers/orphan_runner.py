@@ -16,7 +16,7 @@ import sys
 import trio
 
 from ollamatrio.engines.process import ProcessEngineFactory
-from ollamatrio.engines.protocol import CompletionRequest, LoadSpec
+from ollamatrio.types import CompletionRequest, LoadSpec
 
 ENDLESS = CompletionRequest(
     prompt="hello", options={"num_predict": -1, "ignore_eos": True, "temperature": 1.0}

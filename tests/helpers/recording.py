@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ollamatrio.engines.protocol import CompletionRequest, LoadSpec
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
+from ollamatrio.types import CompletionRequest, LoadSpec
 
 
 class RecordingEngines(SimulatedEngineFactory):

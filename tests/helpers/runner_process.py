@@ -11,8 +11,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ollamatrio.engines.protocol import LoadSpec
 from ollamatrio.runner.options import RunnerConfig
+from ollamatrio.types import LoadSpec
 
 
 @dataclass

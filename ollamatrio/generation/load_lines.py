@@ -27,8 +27,8 @@ import trio
 
 from ..scheduler import ModelRequest, Scheduler
 from ..scheduler.runner import RunnerState
+from ..wire import json_bytes, rfc3339
 from .relay import Generation
-from .wire import json_bytes, rfc3339
 
 MIN_INTERVAL = 0.25  # seconds between two lines ...
 MIN_SHARE = 0.05  # ... unless the load moved on by this share of the total

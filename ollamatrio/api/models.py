@@ -17,10 +17,10 @@ from ..model_info import read_model_info
 from ..modelfile import Message, Modelfile, render_modelfile, render_parameters
 from ..scheduler import ModelRequest, Scheduler
 from ..store import Model, ModelStore, parse_name
-from .wire import rfc3339
+from ..wire import rfc3339
 
 if TYPE_CHECKING:
-    from .metrics import ServerMetrics
+    from ..observability.metrics import ServerMetrics
 
 # Ollama empties metadata arrays longer than this in /api/show unless ``verbose``.
 SHOW_ARRAY_LIMIT = 5

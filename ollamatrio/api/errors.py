@@ -16,19 +16,16 @@ from ..errors import (
     ModelNotFoundError,
     OllamatrioError,
     QueueFullError,
+    RequestTooLargeError,
     SchedulerClosedError,
 )
-from .wire import json_bytes
+from ..wire import json_bytes
 
 log = logging.getLogger(__name__)
 
 # Seconds a client refused with a 503 (a full queue, a server shutting down) is told to
 # wait before trying again (Ollama sends no Retry-After).
 RETRY_AFTER_SECONDS = 1
-
-
-class RequestTooLargeError(InvalidRequestError):
-    """A JSON body above the limit: HTTP 413."""
 
 
 def status_for(exc: BaseException) -> int:

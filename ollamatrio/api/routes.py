@@ -8,7 +8,7 @@ writes the response, one write per engine wake-up.  A watcher in the request's n
 cancels it when the client disconnects, which returns the lease and closes the runner
 connection (llama.cpp stops generating); shutdown's cut ends it the same way, with a last
 error line.  ``POST /api/pull`` and ``/api/create`` stream their progress the same way
-(server/progress.py).  Everything else goes to Quart unchanged.
+(api/progress.py).  Everything else goes to Quart unchanged.
 """
 
 from __future__ import annotations
@@ -22,30 +22,23 @@ import trio
 from quart import Response
 from quart_trio import QuartTrio
 
-from ..errors import OllamatrioError, ServerShuttingDownError
+from ..errors import OllamatrioError, RequestTooLargeError, ServerShuttingDownError
+from ..generation.load_lines import LoadAnnouncement, announcing_load
+from ..generation.relay import Encoder, Generation, open_generation
+from ..http.cors import OriginPolicy, cors_answer
+from ..http.drain import Drain
+from ..wire import ndjson_line
 from . import progress
-from .cors import OriginPolicy, cors_answer
-from .drain import Drain
-from .errors import RequestTooLargeError, response_for
-from .load_lines import LoadAnnouncement, announcing_load
+from .errors import response_for
 from .models import ApiContext
-from .ollama_api import OllamaApi, chat_completion, generate_completion, json_response
-from .openai_api import openai_error_response
+from .native import OllamaApi, chat_completion, generate_completion, json_response
+from .native_stream import ChatLines, Fold, GenerateLines
+from .openai import openai_error_response
+from .openai_stream import ChatEvents, CompletionEvents
 from .openai_wire import chat_body, completion_body, include_usage, text_completion
 from .openai_wire import chat_completion as openai_chat_completion
 from .progress import Progress, ProgressLines
-from .relay import (
-    ChatEvents,
-    ChatLines,
-    CompletionEvents,
-    Encoder,
-    Fold,
-    GenerateLines,
-    Generation,
-    open_generation,
-)
 from .requests import MAX_JSON_BODY, ChatRequest, GenerateRequest, decode_json_object
-from .wire import ndjson_line
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +95,12 @@ class GenerationRoutes:
     def paths(self) -> list[str]:
         """The routes' paths (all ``POST``)."""
         return list(self._routes)
+
+    @property
+    def body_limit(self) -> int:
+        """The largest JSON body these routes read (the front door refuses a larger one
+        before reading it)."""
+        return MAX_JSON_BODY
 
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
         route = None

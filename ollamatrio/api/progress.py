@@ -1,6 +1,6 @@
 """The progress streams of ``POST /api/pull`` and ``POST /api/create``.
 
-They run on the generation routes' exchange (server/fastpath.py): the route parses and
+They run on the generation routes' exchange (api/routes.py): the route parses and
 checks the body here, then the exchange opens the event source in an ``async with`` for
 exactly as long as it writes, one NDJSON line per event.  Leaving the block (the client
 went, shutdown cut the stream, an error) closes the source in the request's own scope: a
@@ -18,10 +18,11 @@ from typing import Any
 import trio
 
 from ..errors import InvalidRequestError
+from ..store import create_model
 from ..store.registry import start_pull
+from ..wire import NDJSON, ndjson_line
 from .models import ApiContext
 from .requests import get_bool, get_list, get_model, get_str, get_stream, merge_options
-from .wire import NDJSON, ndjson_line
 
 Event = dict[str, Any]
 
@@ -119,7 +120,8 @@ def create(ctx: ApiContext, body: dict[str, Any]) -> Progress:
         raise InvalidRequestError("license must be a string or a list of strings")
 
     def start() -> Iterator[Event]:
-        return ctx.store.create(
+        return create_model(
+            ctx.store,
             name,
             from_model=get_str(body, "from") or None,
             files=files,

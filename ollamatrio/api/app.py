@@ -14,17 +14,17 @@ from werkzeug.exceptions import HTTPException
 
 from ..config import Settings, split_host_port
 from ..errors import ServerShuttingDownError
+from ..http.cors import CorsAnswer, OriginPolicy, cors_answer
+from ..http.drain import Drain
+from ..observability.events import EventsRoute
+from ..observability.metrics import CONTENT_TYPE, OTHER_ENDPOINT, ServerMetrics
 from ..scheduler import Scheduler
 from ..store import ModelStore
-from .cors import CorsAnswer, OriginPolicy, cors_answer
-from .drain import Drain
 from .errors import response_for
-from .events_route import EventsRoute
-from .fastpath import GenerationRoutes
-from .metrics import CONTENT_TYPE, OTHER_ENDPOINT, ServerMetrics
 from .models import ApiContext
-from .ollama_api import OllamaApi
-from .openai_api import OpenAiApi, openai_error_response
+from .native import OllamaApi
+from .openai import OpenAiApi, openai_error_response
+from .routes import GenerationRoutes
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,9 @@ class _App(QuartTrio):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.drain = Drain()  # serve() cuts it when shutdown's grace period ends
-        self.generation_routes: GenerationRoutes | None = None  # set by create_app
+        # The generation and progress streams, which the front door (http/front.py) serves
+        # ahead of Quart: set by create_app.
+        self.stream_routes: GenerationRoutes | None = None
 
     async def dispatch_request(self, request_context: RequestContext | None = None) -> Any:
         """The view, guarded: if shutdown cuts it, the answer is 503 (OpenAI's shape on
@@ -81,11 +83,6 @@ def drain_of(app: QuartTrio) -> Drain:
     """The app's :class:`Drain` (``create_app`` made the app)."""
     assert isinstance(app, _App)
     return app.drain
-
-
-def generation_routes_of(app: Any) -> GenerationRoutes | None:
-    """The generation routes of an app that ``create_app`` made; None for any other app."""
-    return app.generation_routes if isinstance(app, _App) else None
 
 
 def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> QuartTrio:
@@ -148,12 +145,12 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
         return Response(await metrics.render(), content_type=CONTENT_TYPE)
 
     # The generation routes and the progress streams (pull, create) run as plain ASGI in
-    # front of Quart (server/fastpath.py); the front door (server/front.py) calls them
+    # front of Quart (api/routes.py); the front door (http/front.py) calls them
     # directly.  Pulls run in the app's nursery, which Quart opens at startup.
-    app.generation_routes = GenerationRoutes(
+    app.stream_routes = GenerationRoutes(
         app.asgi_app, ctx, drain, origins, guard_hosts, allowed_host, lambda: app.nursery
     )
-    app.asgi_app = app.generation_routes  # type: ignore[method-assign]
+    app.asgi_app = app.stream_routes  # type: ignore[method-assign]
     app.asgi_app = EventsRoute(  # type: ignore[method-assign]
         app.asgi_app, scheduler, drain.stopping, origins, guard_hosts, allowed_host
     )

@@ -19,11 +19,9 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import InvalidRequestError
+from ..wire import json_bytes
 from .requests import check_option, get_bool, get_int, get_list, get_model, get_str, loads
-from .wire import json_bytes
 
-SSE = "text/event-stream"
-SSE_DONE = b"data: [DONE]\n\n"
 SYSTEM_FINGERPRINT = "fp_ollama"
 
 # OpenAI's reasoning efforts as native ``think`` values (THINK_LEVELS).

@@ -19,15 +19,12 @@ from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
 from ..errors import OllamatrioError
+from ..wire import json_bytes
 from . import openai_wire as wire
 from .errors import error_headers, message_for, status_for
 from .models import ApiContext
-from .ollama_api import (
-    OllamaApi,
-    json_response,
-)
+from .native import OllamaApi, json_response
 from .requests import get_model, read_json
-from .wire import json_bytes
 
 log = logging.getLogger(__name__)
 

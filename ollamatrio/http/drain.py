@@ -9,7 +9,7 @@ period (``serve.GRACEFUL_TIMEOUT``).  Whatever is still running then is *cut*:
   down"}`` on NDJSON streams, an OpenAI error event on ``/v1`` (SSE) streams.
 
 Mechanics: every request's work (a Quart view; a generation or progress stream, written by
-its own task in server/fastpath.py) runs inside a cancel scope that :meth:`Drain.cut`
+its own task in api/routes.py) runs inside a cancel scope that :meth:`Drain.cut`
 cancels, so a cut unwinds the request's own ``async with`` blocks (lease, runner stream,
 pull channel) exactly as a client disconnect does, and the request's task then writes the
 reason.

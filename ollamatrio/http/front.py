@@ -4,9 +4,9 @@ Hypercorn costs about half of a relayed token's CPU (each ASGI send goes through
 framing, a per-connection lock and a shielded cancel scope) and most of the time to the
 first token, so the server accepts connections itself and serves their requests, one after
 another on the same keep-alive connection, with ASGI ``receive``/``send`` callables that cost
-one ``send_all`` per body piece (``server/asgi_http.py``).  A plain request over HTTP/1.1
+one ``send_all`` per body piece (``http/asgi.py``).  A plain request over HTTP/1.1
 with a ``Content-Length`` body (or none) is served here whatever its route: the generation
-routes and the progress streams go straight to their ASGI handlers (``server/fastpath.py``),
+routes and the progress streams go straight to their ASGI handlers (``api/routes.py``),
 everything else to the same app hypercorn runs (the events route, then Quart), with the
 scope hypercorn would build.  So the official clients, which call ``/api/show`` or
 ``/api/tags`` on the connection they chat on, keep the cheap path for their generations.
@@ -27,7 +27,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from hypercorn.config import Config
@@ -38,9 +38,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
-from .app import generation_routes_of
-from .asgi_http import ASGIApp, Exchange
-from .fastpath import GenerationRoutes
+from .asgi import ASGIApp, Exchange
 from .http1 import (
     MAX_HEAD,
     TOKEN_BYTES,
@@ -50,7 +48,6 @@ from .http1 import (
     parse_head,
     response_head,
 )
-from .requests import MAX_JSON_BODY
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +57,26 @@ RECEIVE_SIZE = 64 * 1024
 SEND_TIMEOUT = 30.0
 LINGER = 2.0  # seconds a closing connection reads what the client still sends (close())
 _HANDOFF = object()
+
+
+class StreamRoutes(Protocol):
+    """Routes an app serves as plain ASGI ahead of its framework (the generation and progress
+    streams, ``api/routes.py``): the front door sends a ``POST`` to one of ``paths`` straight
+    to them, its body limited to ``body_limit`` bytes before it is read.  An app offers them
+    as its ``stream_routes`` attribute."""
+
+    @property
+    def paths(self) -> list[str]: ...
+
+    @property
+    def body_limit(self) -> int: ...
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None: ...
+
+
+def stream_routes_of(app: Any) -> StreamRoutes | None:
+    routes: StreamRoutes | None = getattr(app, "stream_routes", None)
+    return routes
 
 
 class ReplayStream(trio.abc.HalfCloseableStream):
@@ -97,7 +114,7 @@ class Front:
     """What the connections share: the apps, and whether shutdown has begun."""
 
     def __init__(
-        self, app: ASGIApp, wrapped: AppWrapper, routes: GenerationRoutes | None,
+        self, app: ASGIApp, wrapped: AppWrapper, routes: StreamRoutes | None,
         config: Config, context: WorkerContext, state: LifespanState,
     ) -> None:  # fmt: skip
         self.app = app  # what hypercorn's wrapper calls (the same callable, the same scope)
@@ -166,6 +183,18 @@ class _Connection:
         here = stream.socket.getsockname()
         self.server = (here[0], here[1])
 
+    @property
+    def root_path(self) -> str:
+        return str(self.front.config.root_path)
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self.front.state
+
+    @property
+    def stopping(self) -> bool:
+        return self.front.stopping
+
     async def serve(self) -> bool:
         """Exchanges until the connection should close (False) or go to hypercorn (True)."""
         while True:
@@ -181,7 +210,7 @@ class _Connection:
                 # A generation or a progress stream: straight to its route, its JSON body
                 # limited before reading.
                 assert front.routes is not None
-                exchange = Exchange(self, head, limit=MAX_JSON_BODY, defer_head=True)
+                exchange = Exchange(self, head, limit=front.routes.body_limit, defer_head=True)
                 await exchange.run(front.routes)
             else:
                 exchange = Exchange(self, head)
@@ -307,7 +336,7 @@ async def serve_http(
     state: LifespanState = {}
     lifespan = Lifespan(wrapped, config, state)
     context = WorkerContext(None)
-    front = Front(app, wrapped, generation_routes_of(app), config, context, state)
+    front = Front(app, wrapped, stream_routes_of(app), config, context, state)
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()

@@ -1,5 +1,5 @@
-"""Wire formats of the native API: NDJSON lines, RFC 3339 timestamps, nanosecond durations,
-and the aggregation of a stream into one object for ``"stream": false``."""
+"""Wire formats every layer shares: NDJSON lines, server-sent events, RFC 3339 timestamps and
+nanosecond durations.  A leaf: it imports nothing of the project."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 NDJSON = "application/x-ndjson"
+SSE = "text/event-stream"
+SSE_DONE = b"data: [DONE]\n\n"
 
 # Go's time.Duration is int64 nanoseconds, so Ollama's "forever" expiry lies ~292 years ahead.
 FOREVER = timedelta(days=292 * 365)

@@ -19,11 +19,11 @@ from urllib.parse import parse_qs
 
 import trio
 
+from ..http.cors import OriginPolicy, cors_answer
 from ..scheduler import Scheduler
 from ..scheduler.events import SchedulerEvent
 from ..store.names import InvalidModelNameError, ModelName
-from .cors import OriginPolicy, cors_answer
-from .openai_wire import SSE
+from ..wire import SSE
 
 PATH = "/api/events"
 PING_SECONDS = 15.0

@@ -1,9 +1,9 @@
 """Handlers of Ollama's native ``/api`` routes that answer in one piece, and the checks and
-completion requests the generation routes (server/fastpath.py) share.
+completion requests the generation routes (api/routes.py) share.
 
 A request is parsed (``requests``), its model resolved and checked (``models``), then
 answered.  The streams (generation, pull and create progress) are served as plain ASGI in
-server/fastpath.py, each owning its source for exactly as long as it writes.
+api/routes.py, each owning its source for exactly as long as it writes.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import trio
 from quart import Quart, Response, request
 
 from .._version import __version__
-from ..engines.protocol import CompletionRequest
 from ..errors import InvalidRequestError, ModelNotFoundError, QueueFullError
 from ..gguf import GGUFInfo
 from ..scheduler import ModelRequest
 from ..store import Model, parse_digest
-from .gotemplate import is_go_template, parse, render_prompt
+from ..template.gotemplate import is_go_template, parse, render_prompt
+from ..types import CompletionRequest
+from ..wire import json_bytes, ns, rfc3339, rfc3339_from_timestamp
 from .models import ApiContext, capabilities, require, show
 from .requests import (
     ChatRequest,
@@ -33,12 +34,6 @@ from .requests import (
     get_str,
     merge_options,
     read_json,
-)
-from .wire import (
-    json_bytes,
-    ns,
-    rfc3339,
-    rfc3339_from_timestamp,
 )
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""One HTTP/1.1 request served by the front door (server/front.py): ASGI ``receive``/``send``
+"""One HTTP/1.1 request served by the front door (http/front.py): ASGI ``receive``/``send``
 straight over the client connection.
 
 The scope is the one hypercorn builds for HTTP/1.1 (``hypercorn/protocol/http_stream.py``):
@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import trio
 
-from .errors import RequestTooLargeError
+from ..errors import RequestTooLargeError
 from .http1 import CHUNKED, LAST_CHUNK, Head, chunk, content_length, response_head
-
-if TYPE_CHECKING:
-    from .front import _Connection
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +29,36 @@ ASGIApp = Callable[..., Awaitable[None]]
 _FRAMING = (b"content-length", b"transfer-encoding", b"connection")
 
 
+class Connection(Protocol):
+    """What an exchange needs of the client connection it runs on (``front._Connection``)."""
+
+    client: tuple[str, int]
+    server: tuple[str, int]
+    buffer: bytearray  # bytes read past the head, not yet consumed
+    eof: bool  # the client closed its side
+    linger: bool  # closing must read on first: the request was not read to its end
+
+    @property
+    def root_path(self) -> str: ...
+
+    @property
+    def state(self) -> dict[str, Any]: ...  # the lifespan state, copied into each scope
+
+    @property
+    def stopping(self) -> bool: ...  # shutdown has begun
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def receive(self) -> None: ...
+
+    async def wait_for_eof(self) -> None: ...
+
+
 class Exchange:
     """One request served by the front door: ASGI ``receive``/``send`` over the connection."""
 
     def __init__(
-        self, connection: _Connection, head: Head, *, limit: int | None = None,
+        self, connection: Connection, head: Head, *, limit: int | None = None,
         defer_head: bool = False,
     ) -> None:  # fmt: skip
         self.connection = connection
@@ -63,7 +85,6 @@ class Exchange:
 
     def scope(self) -> dict[str, Any]:
         connection = self.connection
-        front = connection.front
         path, _, query = self.head.target.partition(b"?")
         return {
             "type": "http",
@@ -74,11 +95,11 @@ class Exchange:
             "path": unquote(path.decode("ascii")),
             "raw_path": path,
             "query_string": query,
-            "root_path": front.config.root_path,
+            "root_path": connection.root_path,
             "headers": self.head.headers,
             "client": connection.client,
             "server": connection.server,
-            "state": front.state.copy(),
+            "state": connection.state.copy(),
             "extensions": {},
         }
 
@@ -179,7 +200,7 @@ class Exchange:
         connection.linger = self.body_left > 0
         self.close = (
             self.close or self.head.close or connection.linger or connection.eof
-            or connection.front.stopping
+            or connection.stopping
         )  # fmt: skip
         status = self._status
         self._no_body = self.head.method == "HEAD" or self._empty()

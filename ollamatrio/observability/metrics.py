@@ -32,10 +32,10 @@ from ..errors import OllamatrioError
 from ..scheduler.runner import RunnerState
 
 if TYPE_CHECKING:
+    from ..generation.relay import Generation
     from ..scheduler import Lease, Scheduler
     from ..scheduler.events import SchedulerEvent
     from ..scheduler.runner import Runner
-    from .relay import Generation
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,7 @@ from typing import Any
 
 from ..config import parse_keep_alive
 from ..devices import cpu_count
-from ..errors import InvalidRequestError
-from .errors import RequestTooLargeError
+from ..errors import InvalidRequestError, RequestTooLargeError
 
 log = logging.getLogger(__name__)
 

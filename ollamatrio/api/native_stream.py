@@ -1,0 +1,140 @@
+"""The native dialect's wire encoders: ``/api/generate`` and ``/api/chat`` NDJSON lines, one
+piece of bytes per engine wake-up, and the folded single object of ``"stream": false``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from ..generation.relay import Generation
+from ..types import Chunk
+from ..wire import NDJSON, json_bytes, rfc3339, rfc3339_now
+
+# -- native NDJSON -----------------------------------------------------------------------
+
+
+class GenerateLines:
+    """``/api/generate`` lines."""
+
+    content_type = NDJSON
+    # A line that carries only text (most of them) is spliced from bytes, not encoded
+    # from a dict: ``{"model":…,"created_at":…,`` + opening + the text + closing.  orjson
+    # writes a string exactly as json_bytes does, ten times faster.
+    _text_opening = b'"response":'
+    _text_closing = b',"done":false}\n'
+
+    def __init__(self, model: str) -> None:
+        self._prefix = b'{"model":' + json_bytes(model) + b',"created_at":"'
+
+    def _body(self, chunk: Chunk) -> dict[str, Any]:
+        obj: dict[str, Any] = {"response": chunk.content}
+        if chunk.thinking:
+            obj["thinking"] = chunk.thinking
+        return obj
+
+    def _line(self, start: bytes, chunk: Chunk, gen: Generation) -> bytes:
+        if not (chunk.done or chunk.thinking or chunk.logprobs or chunk.tool_calls):
+            return start + self._text_opening + orjson.dumps(chunk.content) + self._text_closing
+        obj = self._body(chunk)
+        if chunk.logprobs:
+            obj["logprobs"] = list(chunk.logprobs)
+        obj["done"] = chunk.done
+        if chunk.done:
+            obj["done_reason"] = chunk.done_reason or "stop"
+            if chunk.context:
+                obj["context"] = list(chunk.context)
+            obj.update(gen.timings(chunk))
+        return start + json_bytes(obj)[1:] + b"\n"
+
+    @staticmethod
+    def _wanted(chunk: Chunk) -> bool:
+        return chunk.done or bool(chunk.content or chunk.thinking or chunk.logprobs)
+
+    def encode(self, batch: list[Chunk], gen: Generation) -> bytes:
+        # One timestamp per wake-up.
+        start = self._prefix + rfc3339_now().encode() + b'",'
+        if len(batch) == 1:  # most wake-ups
+            return self._line(start, batch[0], gen) if self._wanted(batch[0]) else b""
+        return b"".join(self._line(start, c, gen) for c in batch if self._wanted(c))
+
+    def error(self, message: str, status: int) -> bytes:
+        return json_bytes({"error": message}) + b"\n"
+
+    def end(self) -> bytes:
+        return b""
+
+
+class ChatLines(GenerateLines):
+    """``/api/chat`` lines."""
+
+    _text_opening = b'"message":{"role":"assistant","content":'
+    _text_closing = b'},"done":false}\n'
+
+    def _body(self, chunk: Chunk) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": chunk.content}
+        if chunk.thinking:
+            message["thinking"] = chunk.thinking
+        if chunk.tool_calls:
+            message["tool_calls"] = [dict(call) for call in chunk.tool_calls]
+        return {"message": message}
+
+    @staticmethod
+    def _wanted(chunk: Chunk) -> bool:
+        return chunk.done or bool(
+            chunk.content or chunk.thinking or chunk.tool_calls or chunk.logprobs
+        )
+
+
+# -- "stream": false ---------------------------------------------------------------------
+
+
+class Fold:
+    """The chunks of a whole generation folded into Ollama's one final object."""
+
+    def __init__(self) -> None:
+        self._content: list[str] = []
+        self._thinking: list[str] = []
+        self.tool_calls: list[Mapping[str, Any]] = []
+        self.logprobs: list[Mapping[str, Any]] = []
+
+    def add(self, batch: list[Chunk]) -> None:
+        for chunk in batch:
+            self._content.append(chunk.content)
+            self._thinking.append(chunk.thinking)
+            self.tool_calls.extend(chunk.tool_calls)
+            self.logprobs.extend(chunk.logprobs)
+
+    def _final(self, gen: Generation) -> dict[str, Any]:
+        chunk = gen.final or Chunk(done=True, done_reason="stop")
+        out: dict[str, Any] = {"done": True, "done_reason": chunk.done_reason or "stop"}
+        if chunk.context:
+            out["context"] = list(chunk.context)
+        out.update(gen.timings(chunk))
+        if self.logprobs:
+            out["logprobs"] = [dict(p) for p in self.logprobs]
+        return out
+
+    def generate(self, model: str, gen: Generation) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model": model,
+            "created_at": rfc3339(),
+            "response": "".join(self._content),
+        }
+        thinking = "".join(self._thinking)
+        if thinking:
+            out["thinking"] = thinking
+        out.update(self._final(gen))
+        return out
+
+    def chat(self, model: str, gen: Generation) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._content)}
+        thinking = "".join(self._thinking)
+        if thinking:
+            message["thinking"] = thinking
+        if self.tool_calls:
+            message["tool_calls"] = [dict(call) for call in self.tool_calls]
+        out: dict[str, Any] = {"model": model, "created_at": rfc3339(), "message": message}
+        out.update(self._final(gen))
+        return out

@@ -1,0 +1,1 @@
+"""What the server tells about itself: Prometheus ``/metrics`` and the ``/api/events`` stream."""

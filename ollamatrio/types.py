@@ -1,0 +1,104 @@
+"""Records shared across the layers: what a load is, what memory a model uses, what one
+completion asks for and what it yields.
+
+A leaf module: it imports nothing of the project, so the runner child, the fact modules, the
+engines, the scheduler and every API dialect can share these records without importing each
+other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """Everything needed to load one model; the scheduler decides every field."""
+
+    model_path: str
+    name: str  # alias the runner reports as its model name
+    num_ctx: int = 2048  # per slot; the runner allocates num_ctx * num_parallel
+    num_parallel: int = 1
+    num_batch: int = 512
+    num_thread: int = 0  # 0: let the engine decide
+    num_gpu: int = 0  # layers offloaded to GPUs; 0 = CPU only, -1 = all
+    main_gpu: int | None = None
+    tensor_split: tuple[float, ...] = ()  # proportions per entry of gpu_ids
+    gpu_ids: tuple[str, ...] = ()  # devices this load may use (GpuInfo.id)
+    kv_cache_type: str = "f16"  # f16 | q8_0 | q4_0
+    flash_attention: bool | None = None  # None: engine decides (auto)
+    use_mmap: bool = True
+    embedding: bool = False
+    pooling: str | None = None  # mean | cls | last | none; None: from the model
+    adapters: tuple[str, ...] = ()  # LoRA files
+    projector: str | None = None  # multimodal projector file
+    chat_template: str | None = None  # override of the model's own template
+    # Ollama's context shift: a generation that fills the context drops its oldest tokens
+    # (after num_keep) and goes on, instead of stopping with done_reason "length".
+    context_shift: bool = True
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """Memory a loaded model really uses (measured) or is predicted to use."""
+
+    total: int  # bytes, host + devices
+    vram_by_gpu: Mapping[str, int] = field(default_factory=dict)  # GpuInfo.id -> bytes
+
+    @property
+    def vram(self) -> int:
+        return sum(self.vram_by_gpu.values())
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """One generation request in Ollama's terms; engines translate it for llama.cpp.
+
+    Exactly one of ``prompt`` (sent as is, already templated or raw) and ``messages``
+    (rendered with the model's chat template by llama.cpp) is set.
+    """
+
+    prompt: str | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
+    suffix: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)  # Ollama sampling options
+    format: str | Mapping[str, Any] | None = None  # "json" or a JSON schema
+    tools: Sequence[Mapping[str, Any]] | None = None
+    think: bool | str | None = None
+    images: Sequence[str] = ()  # base64
+    logprobs: bool = False
+    top_logprobs: int = 0
+    # Messages: drop the oldest (never system messages, never the latest) until the rendered
+    # conversation fits the context, as Ollama's chatPrompt does.
+    truncate: bool = True
+    # /api/generate's deprecated ``context``: token ids of an earlier prompt and answer to
+    # continue from (detokenized in front of this prompt, as Ollama does), and whether the
+    # final chunk should carry this prompt and answer as token ids.
+    context: tuple[int, ...] = ()
+    return_context: bool = False
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed piece of a generation; the last one has ``done=True`` and the counts."""
+
+    content: str = ""
+    thinking: str = ""
+    tool_calls: Sequence[Mapping[str, Any]] = ()
+    # Ollama's logprobs of the tokens in this piece: {token, logprob, bytes, top_logprobs?}
+    logprobs: Sequence[Mapping[str, Any]] = ()
+    done: bool = False
+    done_reason: str | None = None  # "stop" | "length"
+    prompt_eval_count: int = 0
+    prompt_eval_duration: int = 0  # ns
+    eval_count: int = 0
+    eval_duration: int = 0  # ns
+    context: tuple[int, ...] = ()  # on the final chunk, when the request asked for it
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: list[list[float]]  # L2-normalised
+    prompt_eval_count: int = 0
