@@ -469,9 +469,9 @@ class SimulatedDevices:
             for index, gpu in enumerate(self.gpus)
         )
         held = sum(self._host.values())  # read before awaiting, so the snapshot is consistent
-        system = self._system or await trio.to_thread.run_sync(
-            self._read_system, abandon_on_cancel=True
-        )
+        system = self._system
+        if system is None:
+            system = await trio.to_thread.run_sync(self._read_system, abandon_on_cancel=True)
         return Inventory(
             gpus,
             SystemMemory(

@@ -58,7 +58,7 @@ def _format_value(value: object) -> str:
 class KeyValueFormatter(logging.Formatter):
     """``time level logger: message key=value ...`` with UTC millisecond timestamps."""
 
-    converter = time.gmtime
+    converter = staticmethod(time.gmtime)
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = self.formatTime(record, "%Y-%m-%dT%H:%M:%S")

@@ -143,9 +143,11 @@ def parse_model_config(text: str, path: Path) -> ModelConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    for key in data:
-        if key != "models":
-            raise ConfigError(f"{path}: {_quote(key)}: unknown table (expected [models.NAME])")
+    for table_key in data:
+        if table_key != "models":
+            raise ConfigError(
+                f"{path}: {_quote(table_key)}: unknown table (expected [models.NAME])"
+            )
     tables = data.get("models", {})
     if not isinstance(tables, dict):
         raise ConfigError(f"{path}: models: must be a table of [models.NAME] tables")

@@ -254,7 +254,7 @@ def _float32(value: float) -> float:
     """Round to float32 and back to the shortest decimal that survives the trip, which is
     what Ollama's client sends after ``strconv.ParseFloat(s, 32)``."""
     packed = struct.pack("<f", value)  # OverflowError beyond float32 range
-    single = struct.unpack("<f", packed)[0]
+    single: float = struct.unpack("<f", packed)[0]
     if math.isinf(single):
         raise OverflowError
     for digits in range(1, 10):
@@ -403,10 +403,10 @@ class _Builder:
             value = parse_parameter_value(name, raw)
         except ModelfileError as exc:
             raise ModelfileError(exc.message, line) from None
-        if PARAMETER_TYPES[name] is list:
+        if isinstance(value, str):  # only a list parameter (stop) comes back as a string
             stops = self.parameters.setdefault(name, [])
             assert isinstance(stops, list)
-            stops.append(str(value))
+            stops.append(value)
         else:
             self.parameters[name] = value
 

@@ -125,8 +125,11 @@ class Client:
             with contextlib.suppress(httpx.HTTPError):
                 request = http.build_request("GET", "/api/events", params={"model": model})
                 response = http.send(request, stream=True)
-            sse = response is not None and not response.is_error
-            sse = sse and response.headers.get("content-type", "").startswith("text/event-stream")
+            sse = (
+                response is not None
+                and not response.is_error
+                and response.headers.get("content-type", "").startswith("text/event-stream")
+            )
             yield EventStream(response) if sse and response is not None else None
         finally:
             if response is not None:

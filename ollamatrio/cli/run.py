@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from ollamatrio.modelfile import PARAMETER_TYPES, ModelfileError, parse_parameter_value
 
@@ -137,12 +137,16 @@ class Session:
     def ensure_model(self, *, insecure: bool = False) -> dict[str, Any]:
         """``/api/show`` the model, pulling it first when the server does not have it."""
         try:
-            return self.client.json("POST", "/api/show", {"model": self.opts.model})
+            return self._model_info()
         except ServerError as exc:
             if exc.status != 404:
                 raise
         commands.pull(self.client, self.opts.model, insecure=insecure, err=self.err)
-        return self.client.json("POST", "/api/show", {"model": self.opts.model})
+        return self._model_info()
+
+    def _model_info(self) -> dict[str, Any]:
+        info = self.client.json("POST", "/api/show", {"model": self.opts.model})
+        return cast(dict[str, Any], info)  # /api/show answers a JSON object
 
     def load(self) -> None:
         """Load the model (an empty generate) behind a spinner, as ``ollama run`` does; on

@@ -113,10 +113,11 @@ def _model_facts(path: str) -> ModelFacts:
         except OSError:
             return ModelFacts()
     pooling = info.pooling_type  # gguf.PoolingType: NONE, MEAN, CLS, LAST, RANK
-    known = pooling is not None and 0 <= pooling < len(POOLING_TYPES)
+    if pooling is not None and not 0 <= pooling < len(POOLING_TYPES):
+        pooling = None  # a type this table does not name
     return ModelFacts(
         train_ctx=info.context_length,
-        pooling=POOLING_TYPES[pooling] if known else None,
+        pooling=None if pooling is None else POOLING_TYPES[pooling],
         file_size=info.file_size,
     )
 

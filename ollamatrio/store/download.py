@@ -62,7 +62,7 @@ class DownloadOptions:
     # consumer that went away is noticed even during a stall
 
     def backoff(self, failures: int) -> float:
-        return min(self.backoff_base * 2 ** (failures - 1), self.backoff_max)
+        return min(self.backoff_base * 2.0 ** (failures - 1), self.backoff_max)
 
 
 @dataclass

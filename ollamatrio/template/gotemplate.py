@@ -171,13 +171,13 @@ def _lex_action(source: str, pos: int) -> tuple[list[Token], int, bool]:
         elif (number := _NUMBER.match(source, pos)) and number.group() not in "+-.":
             text = number.group().replace("_", "")
             try:
-                value: Any = int(text, 0)
+                number_value: int | float = int(text, 0)
             except ValueError:
                 try:
-                    value = float(text)
+                    number_value = float(text)
                 except ValueError:
                     raise _error(source, start, f"bad number syntax: {text!r}") from None
-            tokens.append(Token("number", value, start, number.end()))
+            tokens.append(Token("number", number_value, start, number.end()))
             pos = number.end()
         elif ch == ".":
             tokens.append(Token("dot", ".", start, pos + 1))

@@ -18,7 +18,7 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,7 +185,7 @@ async def one_request(
         return "ok", r.status_code, ""
 
 
-async def _lines(response: httpx.Response) -> AsyncIterator[bytes]:
+async def _lines(response: httpx.Response) -> AsyncGenerator[bytes, None]:
     """The lines of a stream, split at "\n" only.  (httpx's ``aiter_lines`` also splits at
     U+0085, U+2028 and U+2029, which JSON text may hold unescaped, as the text of a model
     with random weights can.)"""
