@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,7 +54,7 @@ class Plan:
     and stream it with ``encoder`` or fold it into one answer and ``render`` that."""
 
     response: Response | None = None
-    generation: Any = None  # an open_generation(...) context manager
+    generation: AbstractAsyncContextManager[Generation] | None = None  # open_generation(...)
     encoder: Encoder | None = None
     render: Callable[[Answer], dict[str, Any]] | None = None  # the folded answer's object
     announce: LoadAnnouncement | None = None  # native streams: progress lines while loading
@@ -316,6 +317,7 @@ class _Exchange:
             await self.serve_progress(plan.progress)
             return
         generation = plan.generation
+        assert generation is not None  # neither an answer nor progress: a generation
         if plan.announce is not None and plan.announce.needed():
             # A load first: start the stream now and tell the client how it goes.
             assert plan.encoder is not None
