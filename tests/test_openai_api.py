@@ -27,6 +27,7 @@ from ollamatrio.engines.simulated import (
     SimulatedEngineFactory,
 )
 from ollamatrio.errors import InvalidRequestError, QueueFullError
+from ollamatrio.generation.requests import Message
 from ollamatrio.testing.tiny_gguf import CHATML
 from ollamatrio.types import Chunk, CompletionRequest, LoadSpec
 
@@ -671,9 +672,9 @@ def test_bad_image_urls(url: str) -> None:
         wire.decode_image_url(url)
 
 
-def test_image_parts_become_native_images() -> None:
-    (message,) = wire.native_messages(image_message(f"data:image/png;base64,{PNG_1PX}"))
-    assert message == {"role": "user", "content": "what is this?", "images": [PNG_1PX]}
+def test_image_parts_become_message_images() -> None:
+    (message,) = wire.chat_messages(image_message(f"data:image/png;base64,{PNG_1PX}"))
+    assert message == Message(role="user", content="what is this?", images=(PNG_1PX,))
 
 
 def test_base64_embeddings_are_little_endian_float32() -> None:

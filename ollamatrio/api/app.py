@@ -150,8 +150,10 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
     app.stream_routes = GenerationRoutes(
         app.asgi_app, ctx, drain, origins, guard_hosts, allowed_host, lambda: app.nursery
     )
-    app.asgi_app = app.stream_routes  # type: ignore[method-assign]
-    app.asgi_app = EventsRoute(  # type: ignore[method-assign]
+    # Quart types asgi_app with hypercorn's scope and event types; these apps take plain
+    # dicts, and mypy refuses assigning to a method at all.
+    app.asgi_app = app.stream_routes  # type: ignore[method-assign,assignment]
+    app.asgi_app = EventsRoute(  # type: ignore[method-assign,assignment]
         app.asgi_app, scheduler, drain.stopping, origins, guard_hosts, allowed_host
     )
 

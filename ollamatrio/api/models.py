@@ -133,7 +133,9 @@ class Capability(enum.StrEnum):
 def capabilities(model: Model, info: GGUFInfo) -> list[str]:
     """As Ollama derives them: embedding when the GGUF declares a pooling type, else
     completion; tools/insert/thinking from the template; vision with a projector."""
-    caps = [Capability.EMBEDDING if info.pooling_type is not None else Capability.COMPLETION]
+    caps: list[str] = [
+        Capability.EMBEDDING if info.pooling_type is not None else Capability.COMPLETION
+    ]
     # Both templates count: a Go TEMPLATE layer renders plain prompts, while tool calls go
     # through the GGUF's own (Jinja) template.  Ollama matches variable names without case.
     template = f"{model.template or ''}\n{info.chat_template or ''}".lower()

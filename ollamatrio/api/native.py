@@ -1,40 +1,27 @@
-"""Handlers of Ollama's native ``/api`` routes that answer in one piece, and the checks and
-completion requests the generation routes (api/routes.py) share.
+"""Handlers of Ollama's native ``/api`` routes that answer in one piece.
 
-A request is parsed (``requests``), its model resolved and checked (``models``), then
-answered.  The streams (generation, pull and create progress) are served as plain ASGI in
-api/routes.py, each owning its source for exactly as long as it writes.
+A body is translated (:mod:`.native_wire`), its model resolved and checked (:mod:`.pipeline`,
+:mod:`.models`), then answered.  The streams (generation, pull and create progress) are
+served as plain ASGI in api/routes.py, each owning its source for exactly as long as it
+writes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import trio
 from quart import Quart, Response, request
 
 from .._version import __version__
-from ..errors import InvalidRequestError, ModelNotFoundError, QueueFullError
-from ..gguf import GGUFInfo
-from ..scheduler import ModelRequest
-from ..store import Model, parse_digest
-from ..template.gotemplate import is_go_template, parse, render_prompt
-from ..types import CompletionRequest
-from ..wire import json_bytes, ns, rfc3339, rfc3339_from_timestamp
-from .models import ApiContext, capabilities, require, show
-from .requests import (
-    ChatRequest,
-    EmbeddingsRequest,
-    EmbedRequest,
-    GenerateRequest,
-    get_bool,
-    get_model,
-    get_str,
-    merge_options,
-    read_json,
-)
+from ..errors import InvalidRequestError, ModelNotFoundError
+from ..store import parse_digest
+from ..wire import json_bytes, rfc3339, rfc3339_from_timestamp
+from . import native_wire, pipeline
+from .models import ApiContext, show
+from .requests import get_bool, get_model, get_str, read_json
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +34,6 @@ def json_response(obj: Any, status: int = 200) -> Response:
 
 def empty_response(status: int = 200) -> Response:
     return Response(b"", status=status)
-
-
-def refuse_when_queue_full(ctx: ApiContext) -> None:
-    """Refuse a request that could only join a full queue before it does any work of its own
-    (resolving the name, reading headers, rendering templates), so that every request of a
-    burst over ``OLLAMA_MAX_QUEUE`` gets its 503 at once.  The scheduler's own check at
-    admission still decides for the requests that pass this one."""
-    waiting = ctx.scheduler.waiting
-    if waiting > 0 and waiting >= ctx.scheduler.settings.max_queue:
-        raise QueueFullError()
-
-
-def _images_present(req: GenerateRequest | ChatRequest) -> bool:
-    return bool(req.images) if isinstance(req, GenerateRequest) else req.images
 
 
 # -- handlers --------------------------------------------------------------------------
@@ -98,98 +71,17 @@ class OllamaApi:
     async def version(self) -> Response:
         return json_response({"version": __version__})
 
-    # -- generation -------------------------------------------------------------------
-
-    async def prepare(
-        self, req: GenerateRequest | ChatRequest, label: str
-    ) -> tuple[ModelRequest, Model, GGUFInfo] | Response:
-        """Resolve and check the model; answer unload requests at once (B23).  Returns the
-        scheduler's request, the stored model and its GGUF header."""
-        empty = not req.prompt if isinstance(req, GenerateRequest) else not req.messages
-        if not (empty and req.keep_alive == 0):
-            refuse_when_queue_full(self.ctx)
-        model = await self.ctx.resolve(req.model)
-        if empty and req.keep_alive == 0:
-            assert model.model_path is not None
-            self.ctx.scheduler.unload(str(model.model_path))
-            return json_response(self._done(req, "unload"))
-        assert model.model_path is not None
-        info = await self.ctx.gguf(str(model.model_path))
-        caps = capabilities(model, info)
-        require(req.model, caps, "completion", label)
-        if _images_present(req):
-            require(req.model, caps, "vision", "vision: it has no projector (mmproj)")
-        if req.think:
-            require(req.model, caps, "thinking")
-        if isinstance(req, ChatRequest) and req.tools:
-            require(req.model, caps, "tools")
-        options = merge_options(model.params, req.options)
-        model_request = self.ctx.model_request(
-            model, options, req.keep_alive, caps, shift=req.shift
-        )
-        return model_request, model, info
-
-    @staticmethod
-    def _done(req: GenerateRequest | ChatRequest, reason: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"model": req.model, "created_at": rfc3339()}
-        if isinstance(req, GenerateRequest):
-            out["response"] = ""
-        else:
-            out["message"] = {"role": "assistant", "content": ""}
-        out.update(done=True, done_reason=reason)
-        return out
-
     # -- embeddings -------------------------------------------------------------------
 
-    async def embed_inputs(
-        self, name: str, inputs: tuple[str, ...], options: Mapping[str, Any],
-        keep_alive: float | None, *, truncate: bool = True, dimensions: int | None = None,
-    ) -> tuple[list[list[float]], int, float, float]:  # fmt: skip
-        """(vectors, prompt tokens, load seconds, total seconds); empty input only loads."""
-        started = trio.current_time()
-        refuse_when_queue_full(self.ctx)
-        model = await self.ctx.resolve(name)
-        caps = await self.ctx.capabilities(model)
-        merged = merge_options(model.params, options)
-        # Any model can embed: a chat model gets a runner of its own in embedding mode.
-        model_request = self.ctx.model_request(model, merged, keep_alive, caps, embedding=True)
-        metrics = self.ctx.metrics
-        async with self.ctx.scheduler.lease(model_request) as lease:
-            if metrics is not None:
-                metrics.lease_taken(lease)
-            if not inputs:
-                return [], 0, lease.load_duration, trio.current_time() - started
-            result = await lease.engine.embed(inputs, truncate=truncate, dimensions=dimensions)
-        if metrics is not None:
-            metrics.tokens_counted(lease.runner.name, result.prompt_eval_count)
-        return (
-            result.vectors,
-            result.prompt_eval_count,
-            lease.load_duration,
-            trio.current_time() - started,
-        )
-
     async def embed(self) -> Response:
-        req = EmbedRequest.parse(await read_json(request.body))
-        vectors, count, load, total = await self.embed_inputs(
-            req.model, req.inputs, req.options, req.keep_alive,
-            truncate=req.truncate, dimensions=req.dimensions,
-        )  # fmt: skip
-        return json_response(
-            {
-                "model": req.model,
-                "embeddings": vectors,
-                "total_duration": ns(total),
-                "load_duration": ns(load),
-                "prompt_eval_count": count,
-            }
-        )
+        req = native_wire.embed_request(await read_json(request.body))
+        done = await pipeline.embed(self.ctx, req)
+        return json_response(native_wire.embed_answer(req.model, done))
 
     async def embeddings(self) -> Response:
-        req = EmbeddingsRequest.parse(await read_json(request.body))
-        inputs = (req.prompt,) if req.prompt else ()
-        vectors, *_ = await self.embed_inputs(req.model, inputs, req.options, req.keep_alive)
-        return json_response({"embedding": vectors[0] if vectors else []})
+        req = native_wire.embeddings_request(await read_json(request.body))
+        done = await pipeline.embed(self.ctx, req)
+        return json_response(native_wire.embeddings_answer(done))
 
     # -- the store --------------------------------------------------------------------
 
@@ -299,88 +191,3 @@ class OllamaApi:
 async def _discard(body: AsyncIterator[bytes]) -> None:
     async for _ in body:
         pass
-
-
-def go_template(model: Model, info: GGUFInfo, requested: str = "") -> str | None:
-    """The Go template to render the prompt with here, as Ollama does, or None to let
-    llama.cpp apply the GGUF's Jinja template: the request's own ``template``, or a Go
-    template layer on a GGUF (``info``) that has no chat template of its own."""
-    if requested:
-        return requested
-    if not is_go_template(model.template):
-        return None
-    return model.template if not info.chat_template else None
-
-
-def generate_completion(
-    req: GenerateRequest, model: Model, info: GGUFInfo, options: Mapping[str, Any]
-) -> CompletionRequest:
-    """What /api/generate (and /v1/completions) asks of the engine: a raw prompt, a
-    prompt rendered with a Go template, or the prompt as chat messages so that the
-    model's own template applies."""
-    template = None if req.raw or req.images else go_template(model, info, req.template)
-    if template is not None and (not req.suffix or "suffix" in parse(template).vars):
-        messages = () if req.suffix else _generate_messages(req, model)
-        prompt = render_prompt(
-            template, messages, think=req.think, prompt=req.prompt, suffix=req.suffix
-        )
-        completion = CompletionRequest(prompt=prompt)
-    elif req.raw or req.suffix:
-        completion = CompletionRequest(prompt=req.prompt, suffix=req.suffix or None)
-    else:
-        completion = CompletionRequest(messages=_generate_messages(req, model))
-    return with_common(completion, req, options)
-
-
-def _generate_messages(req: GenerateRequest, model: Model) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    system = req.system or model.system
-    if system:
-        messages.append({"role": "system", "content": system})
-    if not req.context:
-        messages.extend(dict(m) for m in model.messages)
-    user: dict[str, Any] = {"role": "user", "content": req.prompt}
-    if req.images:
-        user["images"] = list(req.images)
-    messages.append(user)
-    return messages
-
-
-def chat_completion(
-    req: ChatRequest, model: Model, info: GGUFInfo, options: Mapping[str, Any]
-) -> CompletionRequest:
-    """What /api/chat (and /v1/chat/completions) asks of the engine.  Tool calling and
-    images stay on llama.cpp's messages path."""
-    messages: list[dict[str, Any]] = []
-    if model.system and req.messages[0].get("role") != "system":
-        messages.append({"role": "system", "content": model.system})
-    messages.extend(dict(m) for m in model.messages)
-    messages.extend(req.messages)
-    template = None if req.tools or req.images else go_template(model, info)
-    if template is not None:
-        prompt = render_prompt(template, messages, think=req.think)
-        return with_common(CompletionRequest(prompt=prompt), req, options)
-    return with_common(
-        CompletionRequest(messages=messages, tools=list(req.tools) or None), req, options
-    )
-
-
-def with_common(
-    completion: CompletionRequest, req: GenerateRequest | ChatRequest, options: Mapping[str, Any]
-) -> CompletionRequest:
-    return CompletionRequest(
-        prompt=completion.prompt,
-        messages=completion.messages,
-        suffix=completion.suffix,
-        options=options,
-        format=req.format,
-        tools=completion.tools,
-        think=req.think,
-        images=req.images if isinstance(req, GenerateRequest) and completion.prompt else (),
-        logprobs=req.logprobs,
-        top_logprobs=req.top_logprobs,
-        truncate=req.truncate,
-        # Ollama returns the token context on /api/generate except in raw mode.
-        context=req.context if isinstance(req, GenerateRequest) else (),
-        return_context=isinstance(req, GenerateRequest) and not req.raw,
-    )

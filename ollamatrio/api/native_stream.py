@@ -1,16 +1,17 @@
 """The native dialect's wire encoders: ``/api/generate`` and ``/api/chat`` NDJSON lines, one
-piece of bytes per engine wake-up, and the folded single object of ``"stream": false``."""
+piece of bytes per engine wake-up.  The single object of ``"stream": false`` is rendered
+from the folded answer (:func:`.native_wire.generate_answer`, :func:`.native_wire.chat_answer`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from ..generation.relay import Generation
 from ..types import Chunk
-from ..wire import NDJSON, json_bytes, rfc3339, rfc3339_now
+from ..wire import NDJSON, json_bytes, rfc3339_now
+from .native_wire import timings
 
 # -- native NDJSON -----------------------------------------------------------------------
 
@@ -45,7 +46,7 @@ class GenerateLines:
             obj["done_reason"] = chunk.done_reason or "stop"
             if chunk.context:
                 obj["context"] = list(chunk.context)
-            obj.update(gen.timings(chunk))
+            obj.update(timings(gen.timings(chunk)))
         return start + json_bytes(obj)[1:] + b"\n"
 
     @staticmethod
@@ -85,56 +86,3 @@ class ChatLines(GenerateLines):
         return chunk.done or bool(
             chunk.content or chunk.thinking or chunk.tool_calls or chunk.logprobs
         )
-
-
-# -- "stream": false ---------------------------------------------------------------------
-
-
-class Fold:
-    """The chunks of a whole generation folded into Ollama's one final object."""
-
-    def __init__(self) -> None:
-        self._content: list[str] = []
-        self._thinking: list[str] = []
-        self.tool_calls: list[Mapping[str, Any]] = []
-        self.logprobs: list[Mapping[str, Any]] = []
-
-    def add(self, batch: list[Chunk]) -> None:
-        for chunk in batch:
-            self._content.append(chunk.content)
-            self._thinking.append(chunk.thinking)
-            self.tool_calls.extend(chunk.tool_calls)
-            self.logprobs.extend(chunk.logprobs)
-
-    def _final(self, gen: Generation) -> dict[str, Any]:
-        chunk = gen.final or Chunk(done=True, done_reason="stop")
-        out: dict[str, Any] = {"done": True, "done_reason": chunk.done_reason or "stop"}
-        if chunk.context:
-            out["context"] = list(chunk.context)
-        out.update(gen.timings(chunk))
-        if self.logprobs:
-            out["logprobs"] = [dict(p) for p in self.logprobs]
-        return out
-
-    def generate(self, model: str, gen: Generation) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "model": model,
-            "created_at": rfc3339(),
-            "response": "".join(self._content),
-        }
-        thinking = "".join(self._thinking)
-        if thinking:
-            out["thinking"] = thinking
-        out.update(self._final(gen))
-        return out
-
-    def chat(self, model: str, gen: Generation) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._content)}
-        thinking = "".join(self._thinking)
-        if thinking:
-            message["thinking"] = thinking
-        if self.tool_calls:
-            message["tool_calls"] = [dict(call) for call in self.tool_calls]
-        out: dict[str, Any] = {"model": model, "created_at": rfc3339(), "message": message}
-        out.update(self._final(gen))
-        return out

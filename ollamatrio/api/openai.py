@@ -1,10 +1,11 @@
-"""Handlers of the OpenAI-compatible ``/v1`` routes.
+"""Handlers of the OpenAI-compatible ``/v1`` routes that answer in one piece, and the
+OpenAI error shape of every ``/v1`` route.
 
-A translation layer, as Ollama's ``middleware/openai.go`` is: each OpenAI body becomes a
-native request record (:mod:`.openai_wire`, then the native parsers), goes through the same
-model checks, option merging, lease and engine stream as ``/api/chat`` and
-``/api/generate`` (:mod:`.ollama_api`), and the native objects that come out are rewritten
-as OpenAI objects or server-sent events.  Errors on these routes have OpenAI's shape.
+A dialect over the typed core, as Ollama's ``middleware/openai.go`` is over its native API:
+each OpenAI body becomes one of the core's requests (:mod:`.openai_wire`), goes through the
+same model checks, option merging, lease and engine stream as every dialect
+(:mod:`.pipeline`; generations in :mod:`.routes`), and the core's answers are rendered as
+OpenAI objects or server-sent events.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from werkzeug.exceptions import HTTPException
 from ..errors import OllamatrioError
 from ..wire import json_bytes
 from . import openai_wire as wire
+from . import pipeline
 from .errors import error_headers, message_for, status_for
 from .models import ApiContext
-from .native import OllamaApi, json_response
-from .requests import get_model, read_json
+from .native import json_response
+from .requests import read_json
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,6 @@ class OpenAiApi:
 
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
-        self._native = OllamaApi(ctx)
 
     def register(self, app: Quart) -> None:
         routes: list[tuple[str, Handler, list[str]]] = [
@@ -81,14 +82,13 @@ class OpenAiApi:
     # -- embeddings -------------------------------------------------------------------
 
     async def embeddings(self) -> Response:
-        body = await read_json(request.body)
-        name = get_model(body)
-        inputs = wire.embedding_inputs(body)
-        fmt = wire.encoding_format(body)
-        vectors, count, _load, _total = await self._native.embed_inputs(
-            name, inputs, {}, None, dimensions=wire.dimensions(body)
+        req = wire.embedding_request(await read_json(request.body))
+        done = await pipeline.embed(self.ctx, req.core)
+        return json_response(
+            wire.embedding_list(
+                req.core.model, done.vectors, done.prompt_eval_count, req.encoding_format
+            )
         )
-        return json_response(wire.embedding_list(name, vectors, count, fmt))
 
     # -- models -----------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from ..generation.relay import Generation
+from ..generation.requests import ToolCall
 from ..types import Chunk
 from ..wire import SSE, SSE_DONE, json_bytes
 from . import openai_wire as oai
@@ -96,7 +97,8 @@ class ChatEvents(_Events):
                 if chunk.thinking:
                     delta["reasoning"] = chunk.thinking
                 if chunk.tool_calls:
-                    calls = oai.openai_tool_calls(chunk.tool_calls, self._tool_calls, stream=True)
+                    typed = [ToolCall.from_chunk(call) for call in chunk.tool_calls]
+                    calls = oai.openai_tool_calls(typed, self._tool_calls, stream=True)
                     delta["tool_calls"] = calls
                     self._tool_calls += len(calls)
                 choice = {"index": 0, "delta": delta, "finish_reason": None}

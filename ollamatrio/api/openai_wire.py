@@ -1,9 +1,10 @@
-"""The OpenAI wire format, translated to and from the native API.
+"""The OpenAI dialect's translations: ``/v1`` bodies to the core's typed requests, and the
+core's folded answers to OpenAI objects.
 
-As Ollama's ``openai`` package does, requests are rewritten into native request bodies
-(which the native parsers in :mod:`.requests` then validate), and native response objects
-(``/api/chat`` and ``/api/generate`` lines) are rewritten into OpenAI objects, streamed as
-server-sent events.  Everything here is pure: no I/O, no scheduler.
+Bodies are read straight into :mod:`ollamatrio.generation.requests` records (checked with
+the helpers of :mod:`.requests`, with the errors Ollama's ``openai`` package gives); answers
+come from :class:`~ollamatrio.generation.answer.Answer`.  The streamed events are written by
+:mod:`.openai_stream`.  Everything here is pure: no I/O, no scheduler.
 """
 
 from __future__ import annotations
@@ -15,16 +16,40 @@ import secrets
 import struct
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ..errors import InvalidRequestError
+from ..generation.answer import Answer
+from ..generation.relay import Timings
+from ..generation.requests import (
+    ChatRequest,
+    EmbedRequest,
+    Format,
+    GenerateRequest,
+    Message,
+    Think,
+    ToolCall,
+)
 from ..wire import json_bytes
-from .requests import check_option, get_bool, get_int, get_list, get_model, get_str, loads
+from .requests import (
+    check_option,
+    get_bool,
+    get_int,
+    get_keep_alive,
+    get_list,
+    get_model,
+    get_objects,
+    get_str,
+    get_top_logprobs,
+    loads,
+    merge_options,
+)
 
 SYSTEM_FINGERPRINT = "fp_ollama"
 
-# OpenAI's reasoning efforts as native ``think`` values (THINK_LEVELS).
+# OpenAI's reasoning efforts as the core's ``think`` values (THINK_LEVELS).
 REASONING_EFFORTS: Mapping[str, bool | str] = {
     "none": False,
     "minimal": "low",
@@ -39,7 +64,7 @@ _IMAGE_PREFIXES = (
     *(f"data:image/{kind};base64," for kind in ("jpeg", "jpg", "png", "webp")),
     "data:;base64,",
 )
-# OpenAI sampling fields that are native options under the same name.
+# OpenAI sampling fields that are Ollama options under the same name.
 _SAMPLING_FIELDS = ("temperature", "top_p", "seed", "frequency_penalty", "presence_penalty")
 ENCODING_FORMATS = ("float", "base64")
 
@@ -58,63 +83,85 @@ def error_object(message: str, status: int) -> dict[str, Any]:
 
 # -- requests --------------------------------------------------------------------------
 
+R = TypeVar("R", GenerateRequest, ChatRequest, EmbedRequest)
 
-def chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``/v1/chat/completions`` body as the equivalent ``/api/chat`` body."""
+
+@dataclass(frozen=True)
+class OpenAiRequest(Generic[R]):
+    """A translated ``/v1`` body: the core's request, and the little that only this
+    dialect's answer needs."""
+
+    core: R
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the counts
+    encoding_format: str = "float"  # /v1/embeddings: "float" or "base64"
+
+
+def chat_request(body: Mapping[str, Any]) -> OpenAiRequest[ChatRequest]:
+    """A ``/v1/chat/completions`` body."""
     messages = get_list(body, "messages")
     if not messages:
         raise InvalidRequestError("[] is too short - 'messages'")
     _check_n(body)
-    native: dict[str, Any] = {
-        "model": get_model(body),
-        "messages": native_messages(messages),
-        "options": sampling_options(body),
-        "stream": get_bool(body, "stream", False),
-        **ollama_extras(body),
-    }
+    model = get_model(body)
+    typed = chat_messages(messages)
+    options = sampling_options(body)
+    stream = get_bool(body, "stream", False)
+    keep_alive = get_keep_alive(body)
     fmt = response_format(body.get("response_format"))
-    if fmt is not None:
-        native["format"] = fmt
     think = reasoning(body)
-    if think is not None:
-        native["think"] = think
-    tools = get_list(body, "tools")
-    if tools:
-        native["tools"] = tools
-    if get_bool(body, "logprobs", False):
-        native["logprobs"] = True
-        native["top_logprobs"] = get_int(body, "top_logprobs", 0)
-    return native
+    tools = get_objects(body, "tools")
+    logprobs = get_bool(body, "logprobs", False)
+    core = ChatRequest(
+        model=model,
+        messages=typed,
+        tools=tools,
+        format=fmt,
+        options=options,
+        keep_alive=keep_alive,
+        think=think,
+        stream=stream,
+        logprobs=logprobs,
+        top_logprobs=get_top_logprobs(body) if logprobs else 0,
+    )
+    return OpenAiRequest(core, include_usage=include_usage(body))
 
 
-def completion_body(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``/v1/completions`` body as the equivalent ``/api/generate`` body."""
+def completion_request(body: Mapping[str, Any]) -> OpenAiRequest[GenerateRequest]:
+    """A ``/v1/completions`` body."""
     prompt = body.get("prompt", "")
     if not isinstance(prompt, str):
         raise InvalidRequestError("invalid prompt: only a single string is supported")
     _check_n(body)
-    native: dict[str, Any] = {
-        "model": get_model(body),
-        "prompt": prompt,
-        "options": sampling_options(body),
-        "stream": get_bool(body, "stream", False),
-        **ollama_extras(body),
-    }
+    model = get_model(body)
+    options = sampling_options(body)
+    stream = get_bool(body, "stream", False)
+    keep_alive = get_keep_alive(body)
     suffix = get_str(body, "suffix")
-    if suffix:
-        native["suffix"] = suffix
     # The legacy field is a count: that many alternatives per token (Ollama's reading).
     top = get_int(body, "logprobs", 0) or 0
-    if top > 0:
-        native["logprobs"] = True
-        native["top_logprobs"] = top
-    return native
+    if top > 20:
+        raise InvalidRequestError("top_logprobs must be between 0 and 20")
+    core = GenerateRequest(
+        model=model,
+        prompt=prompt,
+        suffix=suffix,
+        options=options,
+        keep_alive=keep_alive,
+        stream=stream,
+        logprobs=top > 0,
+        top_logprobs=max(top, 0),
+    )
+    return OpenAiRequest(core, include_usage=include_usage(body))
 
 
-def ollama_extras(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Ollama fields a ``/v1`` body may carry as extra fields: ``keep_alive`` (checked by
-    the native parser, as on ``/api/chat``)."""
-    return {"keep_alive": body["keep_alive"]} if "keep_alive" in body else {}
+def embedding_request(body: Mapping[str, Any]) -> OpenAiRequest[EmbedRequest]:
+    """A ``/v1/embeddings`` body: ``input`` is a string or a list of strings (token arrays
+    are not supported)."""
+    model = get_model(body)
+    inputs = embedding_inputs(body)
+    fmt = encoding_format(body)
+    core = EmbedRequest(model=model, inputs=inputs, dimensions=dimensions(body))
+    return OpenAiRequest(core, encoding_format=fmt)
 
 
 def include_usage(body: Mapping[str, Any]) -> bool:
@@ -133,7 +180,7 @@ def _check_n(body: Mapping[str, Any]) -> None:
 
 
 def sampling_options(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Native options from OpenAI's sampling fields, checked as the options they become
+    """Ollama options from OpenAI's sampling fields, checked as the options they become
     (errors name the OpenAI field).  Unlike the native API, temperature and top_p default
     to 1.0 (OpenAI's defaults) and so override model parameters.  Ollama ``options`` sent
     as an extra body field (the SDKs' ``extra_body``) apply too; an OpenAI field that is
@@ -158,10 +205,11 @@ def sampling_options(body: Mapping[str, Any]) -> dict[str, Any]:
         options["stop"] = stop
     elif stop is not None:
         raise InvalidRequestError("invalid type for 'stop' field: expected a string or a list")
+    merge_options(options)  # the extra options' types, before anything is loaded
     return options
 
 
-def response_format(value: Any) -> str | dict[str, Any] | None:
+def response_format(value: Any) -> Format:
     """``json_object`` becomes format "json", ``json_schema`` its schema, ``text`` nothing."""
     if value is None:
         return None
@@ -183,8 +231,8 @@ def response_format(value: Any) -> str | dict[str, Any] | None:
     raise InvalidRequestError(f"invalid response_format type: {kind!r}")
 
 
-def reasoning(body: Mapping[str, Any]) -> bool | str | None:
-    """``reasoning.effort`` (or ``reasoning_effort``) as a native ``think`` value."""
+def reasoning(body: Mapping[str, Any]) -> Think:
+    """``reasoning.effort`` (or ``reasoning_effort``) as the core's ``think``."""
     effort: Any = None
     nested = body.get("reasoning")
     if isinstance(nested, dict):
@@ -201,9 +249,10 @@ def reasoning(body: Mapping[str, Any]) -> bool | str | None:
     return REASONING_EFFORTS[effort]
 
 
-def native_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
-    """OpenAI messages as native ones: content parts are joined (text) and collected
-    (images), tool calls get object arguments, tool results the name of their call."""
+def chat_messages(messages: Sequence[Any]) -> tuple[Message, ...]:
+    """OpenAI messages as the core's: content parts are joined (text) and collected
+    (images), tool calls get object arguments, tool results the name of their call, and
+    ``developer`` is a system message."""
     out = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
@@ -211,37 +260,40 @@ def native_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise InvalidRequestError(f"messages[{index}]: role is required")
-        native: dict[str, Any] = {"role": "system" if role == "developer" else role}
         content = message.get("content")
         calls = message.get("tool_calls")
+        images: tuple[str, ...] = ()
         if isinstance(content, str):
-            native["content"] = content
+            text = content
         elif isinstance(content, list):
-            native["content"], images = content_parts(content)
-            if images:
-                native["images"] = images
+            text, images = content_parts(content)
         elif content is None and calls:
-            native["content"] = ""  # content is optional only beside tool calls
+            text = ""  # content is optional only beside tool calls
         else:
             kind = "null" if content is None else type(content).__name__
             raise InvalidRequestError(f"invalid message content type: {kind}")
         thinking = message.get("reasoning") or message.get("reasoning_content")
-        if isinstance(thinking, str) and thinking:
-            native["thinking"] = thinking
-        if calls:
-            native["tool_calls"] = native_tool_calls(calls)
+        tool_name = tool_call_id = ""
         if role == "tool":
             call_id = message.get("tool_call_id")
             name = message.get("name") or _tool_name(messages, call_id)
-            if isinstance(name, str) and name:
-                native["tool_name"] = name
-            if isinstance(call_id, str) and call_id:
-                native["tool_call_id"] = call_id
-        out.append(native)
-    return out
+            tool_name = name if isinstance(name, str) else ""
+            tool_call_id = call_id if isinstance(call_id, str) else ""
+        out.append(
+            Message(
+                role="system" if role == "developer" else role,
+                content=text,
+                thinking=thinking if isinstance(thinking, str) else "",
+                images=images,
+                tool_calls=tool_calls(calls) if calls else (),
+                tool_name=tool_name,
+                tool_call_id=tool_call_id,
+            )
+        )
+    return tuple(out)
 
 
-def content_parts(parts: Sequence[Any]) -> tuple[str, list[str]]:
+def content_parts(parts: Sequence[Any]) -> tuple[str, tuple[str, ...]]:
     """(text, base64 images) of a content-part list."""
     texts: list[str] = []
     images: list[str] = []
@@ -263,7 +315,7 @@ def content_parts(parts: Sequence[Any]) -> tuple[str, list[str]]:
             images.append(decode_image_url(url))
         else:
             raise InvalidRequestError(f"unsupported content part type: {json.dumps(kind)}")
-    return "\n".join(texts), images
+    return "\n".join(texts), tuple(images)
 
 
 def decode_image_url(url: str) -> str:
@@ -279,8 +331,8 @@ def decode_image_url(url: str) -> str:
     raise InvalidRequestError("invalid image input")
 
 
-def native_tool_calls(calls: Any) -> list[dict[str, Any]]:
-    """OpenAI tool calls (arguments as a JSON string) as native ones (an object)."""
+def tool_calls(calls: Any) -> tuple[ToolCall, ...]:
+    """OpenAI tool calls (arguments as a JSON string) as the core's (an object)."""
     if not isinstance(calls, list):
         raise InvalidRequestError("invalid value for 'tool_calls': expected a list")
     out = []
@@ -296,11 +348,15 @@ def native_tool_calls(calls: Any) -> list[dict[str, Any]]:
                 raise InvalidRequestError("invalid tool call arguments") from None
         if not isinstance(arguments, dict):
             raise InvalidRequestError("invalid tool call arguments")
-        native: dict[str, Any] = {"function": {"name": function["name"], "arguments": arguments}}
-        if isinstance(call.get("id"), str) and call["id"]:
-            native["id"] = call["id"]
-        out.append(native)
-    return out
+        call_id = call.get("id")
+        out.append(
+            ToolCall(
+                name=function["name"],
+                arguments=arguments,
+                id=call_id if isinstance(call_id, str) else "",
+            )
+        )
+    return tuple(out)
 
 
 def _tool_name(messages: Sequence[Any], call_id: Any) -> str:
@@ -350,10 +406,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.randbelow(1_000_000)}"
 
 
-def usage(final: Mapping[str, Any]) -> dict[str, int]:
-    """Token counts from a native final object."""
-    prompt = int(final.get("prompt_eval_count") or 0)
-    completion = int(final.get("eval_count") or 0)
+def usage(timings: Timings) -> dict[str, int]:
+    """The token counts of a finished generation."""
+    prompt, completion = timings.prompt_eval_count, timings.eval_count
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -362,38 +417,35 @@ def usage(final: Mapping[str, Any]) -> dict[str, int]:
 
 
 def openai_tool_calls(
-    calls: Sequence[Mapping[str, Any]], first: int = 0, *, stream: bool = False
+    calls: Sequence[ToolCall], first: int = 0, *, stream: bool = False
 ) -> list[dict[str, Any]]:
-    """Native tool calls in OpenAI shape: an id, and arguments as a JSON string.  Stream
-    deltas also carry the call's ``index`` within the response."""
+    """Tool calls in OpenAI's shape: an id, and arguments as a JSON string.  Stream deltas
+    also carry the call's ``index`` within the response."""
     out = []
     for n, call in enumerate(calls):
-        function = call.get("function") or {}
-        arguments = function.get("arguments", {})
+        arguments = call.arguments
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)
-        item: dict[str, Any] = {"id": call.get("id") or f"call_{secrets.token_hex(4)}"}
+        item: dict[str, Any] = {"id": call.id or f"call_{secrets.token_hex(4)}"}
         if stream:
             item["index"] = first + n
         item["type"] = "function"
-        item["function"] = {"name": function.get("name", ""), "arguments": arguments}
+        item["function"] = {"name": call.name, "arguments": arguments}
         out.append(item)
     return out
 
 
-def _finish_reason(final: Mapping[str, Any], tool_called: bool) -> str:
-    return "tool_calls" if tool_called else str(final.get("done_reason") or "stop")
+def _finish_reason(answer: Answer) -> str:
+    return "tool_calls" if answer.tool_calls else answer.done_reason
 
 
-def chat_completion(model: str, result: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``chat.completion`` from the folded native chat response."""
-    native = result.get("message") or {}
-    message: dict[str, Any] = {"role": "assistant", "content": native.get("content", "")}
-    if native.get("thinking"):
-        message["reasoning"] = native["thinking"]
-    calls = native.get("tool_calls") or ()
-    if calls:
-        message["tool_calls"] = openai_tool_calls(calls)
+def chat_completion(model: str, answer: Answer) -> dict[str, Any]:
+    """A ``chat.completion`` from the folded answer."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.thinking:
+        message["reasoning"] = answer.thinking
+    if answer.tool_calls:
+        message["tool_calls"] = openai_tool_calls(answer.tool_calls)
     return {
         "id": new_id("chatcmpl"),
         "object": "chat.completion",
@@ -404,21 +456,23 @@ def chat_completion(model: str, result: Mapping[str, Any]) -> dict[str, Any]:
             {
                 "index": 0,
                 "message": message,
-                "finish_reason": _finish_reason(result, bool(calls)),
-                **_choice_logprobs(result),
+                "finish_reason": _finish_reason(answer),
+                **_choice_logprobs(answer),
             }
         ],
-        "usage": usage(result),
+        "usage": usage(answer.timings),
     }
 
 
-def _choice_logprobs(result: Mapping[str, Any]) -> dict[str, Any]:
-    """A choice's ``logprobs`` (``{"content": [...]}``), when the native result has some."""
-    return {"logprobs": {"content": result["logprobs"]}} if result.get("logprobs") else {}
+def _choice_logprobs(answer: Answer) -> dict[str, Any]:
+    """A choice's ``logprobs`` (``{"content": [...]}``), when the answer has some."""
+    if not answer.logprobs:
+        return {}
+    return {"logprobs": {"content": [dict(p) for p in answer.logprobs]}}
 
 
-def text_completion(model: str, result: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``text_completion`` from the folded native generate response."""
+def text_completion(model: str, answer: Answer) -> dict[str, Any]:
+    """A ``text_completion`` from the folded answer."""
     return {
         "id": new_id("cmpl"),
         "object": "text_completion",
@@ -427,14 +481,14 @@ def text_completion(model: str, result: Mapping[str, Any]) -> dict[str, Any]:
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [
             {
-                "text": result.get("response", ""),
+                "text": answer.content,
                 "index": 0,
-                "finish_reason": _finish_reason(result, False),
+                "finish_reason": answer.done_reason,
                 "logprobs": None,
-                **_choice_logprobs(result),
+                **_choice_logprobs(answer),
             }
         ],
-        "usage": usage(result),
+        "usage": usage(answer.timings),
     }
 
 

@@ -1,8 +1,9 @@
-"""Request bodies of the native API: reading, validation, and option merging.
+"""Request bodies, whatever the dialect: reading JSON as Ollama does, typed field access,
+and the checking and merging of Ollama's options.
 
-Every parser takes the decoded JSON object and returns a frozen record, or raises
-:class:`~ollamatrio.errors.InvalidRequestError` (a 400) with a message naming the field.
-The ``/v1`` layer builds the same records from OpenAI bodies.
+Every helper raises :class:`~ollamatrio.errors.InvalidRequestError` (a 400) with a message
+naming the field.  The dialects' translations (``native_wire``, ``openai_wire``) build the
+core's typed requests (:mod:`ollamatrio.generation.requests`) with them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 import math
 import re
 from collections.abc import AsyncIterable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import parse_keep_alive
@@ -176,7 +176,7 @@ def _repair(root: list[Any]) -> None:
 # -- field access ----------------------------------------------------------------------
 
 
-def _type_error(key: str, wanted: str) -> InvalidRequestError:
+def type_error(key: str, wanted: str) -> InvalidRequestError:
     return InvalidRequestError(f"invalid value for {key!r}: expected {wanted}")
 
 
@@ -185,7 +185,7 @@ def get_str(body: Mapping[str, Any], key: str, default: str = "") -> str:
     if value is None:
         return default
     if not isinstance(value, str):
-        raise _type_error(key, "a string")
+        raise type_error(key, "a string")
     return value
 
 
@@ -194,7 +194,7 @@ def get_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise _type_error(key, "true or false")
+        raise type_error(key, "true or false")
     return value
 
 
@@ -208,9 +208,9 @@ def get_int(body: Mapping[str, Any], key: str, default: int | None = None) -> in
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _type_error(key, "an integer")
+        raise type_error(key, "an integer")
     if isinstance(value, float) and not value.is_integer():
-        raise _type_error(key, "an integer")
+        raise type_error(key, "an integer")
     if not INT64_MIN <= value <= INT64_MAX:
         raise InvalidRequestError(f"invalid value for {key!r}: integer out of range")
     return int(value)
@@ -221,14 +221,14 @@ def get_list(body: Mapping[str, Any], key: str) -> list[Any]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise _type_error(key, "a list")
+        raise type_error(key, "a list")
     return value
 
 
 def get_strings(body: Mapping[str, Any], key: str) -> tuple[str, ...]:
     items = get_list(body, key)
     if not all(isinstance(item, str) for item in items):
-        raise _type_error(key, "a list of strings")
+        raise type_error(key, "a list of strings")
     return tuple(items)
 
 
@@ -253,7 +253,9 @@ def get_format(body: Mapping[str, Any]) -> str | dict[str, Any] | None:
     value = body.get("format")
     if value is None or value == "":
         return None
-    if value == "json" or isinstance(value, dict):
+    if value == "json":
+        return "json"
+    if isinstance(value, dict):
         return value
     raise InvalidRequestError('invalid format: expected "json" or a valid JSON schema')
 
@@ -350,6 +352,14 @@ def merge_options(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
     return merged
 
 
+def get_objects(body: Mapping[str, Any], key: str) -> tuple[Mapping[str, Any], ...]:
+    """A list of JSON objects (``tools``), passed on as they came."""
+    items = get_list(body, key)
+    if not all(isinstance(item, dict) for item in items):
+        raise type_error(key, "a list of objects")
+    return tuple(items)
+
+
 def get_options(body: Mapping[str, Any]) -> Mapping[str, Any]:
     value = body.get("options")
     if value is None:
@@ -358,167 +368,3 @@ def get_options(body: Mapping[str, Any]) -> Mapping[str, Any]:
         raise InvalidRequestError("options must be an object")
     merge_options(value)  # type errors now, before anything is loaded
     return value
-
-
-# -- request records -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GenerateRequest:
-    model: str
-    prompt: str = ""
-    suffix: str = ""
-    system: str = ""
-    template: str = ""
-    context: tuple[int, ...] = ()
-    raw: bool = False
-    format: str | dict[str, Any] | None = None
-    images: tuple[str, ...] = ()
-    options: Mapping[str, Any] = field(default_factory=dict)
-    keep_alive: float | None = None
-    think: bool | str | None = None
-    stream: bool = True
-    logprobs: bool = False
-    top_logprobs: int = 0
-    shift: bool | None = None  # context shift; None: the model's default (B27)
-    truncate: bool = True  # cut a prompt that does not fit the context from the front
-
-    @classmethod
-    def parse(cls, body: Mapping[str, Any]) -> GenerateRequest:
-        context = get_list(body, "context")
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in context):
-            raise _type_error("context", "a list of integers")
-        req = cls(
-            model=get_model(body),
-            prompt=get_str(body, "prompt"),
-            suffix=get_str(body, "suffix"),
-            system=get_str(body, "system"),
-            template=get_str(body, "template"),
-            context=tuple(context),
-            raw=get_bool(body, "raw", False),
-            format=get_format(body),
-            images=get_strings(body, "images"),
-            options=get_options(body),
-            keep_alive=get_keep_alive(body),
-            think=get_think(body),
-            stream=get_stream(body),
-            logprobs=get_bool(body, "logprobs", False),
-            top_logprobs=get_top_logprobs(body),
-            shift=get_optional_bool(body, "shift"),
-            truncate=get_bool(body, "truncate", True),
-        )
-        if req.raw and (req.template or req.system or req.context):
-            raise InvalidRequestError("raw mode does not support template, system, or context")
-        return req
-
-
-_MESSAGE_STR_FIELDS = ("content", "thinking", "tool_name", "tool_call_id")
-
-
-def parse_message(message: Any, index: int) -> dict[str, Any]:
-    where = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise _type_error(where, "an object")
-    role = message.get("role")
-    if not isinstance(role, str) or not role:
-        raise InvalidRequestError(f"{where}: role is required")
-    out = dict(message)
-    for key in _MESSAGE_STR_FIELDS:
-        if key in out and out[key] is not None and not isinstance(out[key], str):
-            raise _type_error(f"{where}.{key}", "a string")
-    out["content"] = out.get("content") or ""
-    get_strings(out, "images")
-    get_list(out, "tool_calls")
-    return out
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    model: str
-    messages: tuple[dict[str, Any], ...] = ()
-    tools: tuple[dict[str, Any], ...] = ()
-    format: str | dict[str, Any] | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
-    keep_alive: float | None = None
-    think: bool | str | None = None
-    stream: bool = True
-    logprobs: bool = False
-    top_logprobs: int = 0
-    truncate: bool = True  # drop the oldest messages that do not fit the context
-    shift: bool | None = None  # context shift; None: the model's default (B27)
-
-    @classmethod
-    def parse(cls, body: Mapping[str, Any]) -> ChatRequest:
-        tools = get_list(body, "tools")
-        if not all(isinstance(t, dict) for t in tools):
-            raise _type_error("tools", "a list of objects")
-        return cls(
-            model=get_model(body),
-            messages=tuple(parse_message(m, i) for i, m in enumerate(get_list(body, "messages"))),
-            tools=tuple(tools),
-            format=get_format(body),
-            options=get_options(body),
-            keep_alive=get_keep_alive(body),
-            think=get_think(body),
-            stream=get_stream(body),
-            logprobs=get_bool(body, "logprobs", False),
-            top_logprobs=get_top_logprobs(body),
-            shift=get_optional_bool(body, "shift"),
-            truncate=get_bool(body, "truncate", True),
-        )
-
-    @property
-    def images(self) -> bool:
-        return any(m.get("images") for m in self.messages)
-
-
-@dataclass(frozen=True)
-class EmbedRequest:
-    model: str
-    inputs: tuple[str, ...] = ()
-    truncate: bool = True
-    dimensions: int | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
-    keep_alive: float | None = None
-
-    @classmethod
-    def parse(cls, body: Mapping[str, Any]) -> EmbedRequest:
-        raw = body.get("input")
-        if raw is None or raw == "":
-            inputs: tuple[str, ...] = ()
-        elif isinstance(raw, str):
-            inputs = (raw,)
-        elif isinstance(raw, list) and all(isinstance(item, str) for item in raw):
-            inputs = tuple(raw)
-        else:
-            raise InvalidRequestError("invalid input type")
-        dimensions = get_int(body, "dimensions")
-        if dimensions is not None and dimensions <= 0:
-            raise InvalidRequestError("dimensions must be a positive integer")
-        return cls(
-            model=get_model(body),
-            inputs=inputs,
-            truncate=get_bool(body, "truncate", True),
-            dimensions=dimensions,
-            options=get_options(body),
-            keep_alive=get_keep_alive(body),
-        )
-
-
-@dataclass(frozen=True)
-class EmbeddingsRequest:
-    """The legacy ``/api/embeddings`` body."""
-
-    model: str
-    prompt: str = ""
-    options: Mapping[str, Any] = field(default_factory=dict)
-    keep_alive: float | None = None
-
-    @classmethod
-    def parse(cls, body: Mapping[str, Any]) -> EmbeddingsRequest:
-        return cls(
-            model=get_model(body),
-            prompt=get_str(body, "prompt"),
-            options=get_options(body),
-            keep_alive=get_keep_alive(body),
-        )

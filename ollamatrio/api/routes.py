@@ -15,30 +15,32 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
 from quart import Response
-from quart_trio import QuartTrio
 
 from ..errors import OllamatrioError, RequestTooLargeError, ServerShuttingDownError
+from ..generation.answer import Answer, Fold
+from ..generation.completion import chat_completion, generate_completion
 from ..generation.load_lines import LoadAnnouncement, announcing_load
 from ..generation.relay import Encoder, Generation, open_generation
+from ..generation.requests import ChatRequest, GenerateRequest
+from ..http.asgi import ASGIApp
 from ..http.cors import OriginPolicy, cors_answer
 from ..http.drain import Drain
 from ..wire import ndjson_line
-from . import progress
+from . import native_wire, openai_wire, pipeline, progress
 from .errors import response_for
 from .models import ApiContext
-from .native import OllamaApi, chat_completion, generate_completion, json_response
-from .native_stream import ChatLines, Fold, GenerateLines
+from .native import json_response
+from .native_stream import ChatLines, GenerateLines
 from .openai import openai_error_response
 from .openai_stream import ChatEvents, CompletionEvents
-from .openai_wire import chat_body, completion_body, include_usage, text_completion
-from .openai_wire import chat_completion as openai_chat_completion
 from .progress import Progress, ProgressLines
-from .requests import MAX_JSON_BODY, ChatRequest, GenerateRequest, decode_json_object
+from .requests import MAX_JSON_BODY, decode_json_object
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +51,12 @@ ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 @dataclass
 class Plan:
     """What a generation route decided: answer at once (``response``), or run a generation
-    and stream it with ``encoder`` or fold it with ``fold``."""
+    and stream it with ``encoder`` or fold it into one answer and ``render`` that."""
 
     response: Response | None = None
-    generation: Any = None  # an open_generation(...) context manager
+    generation: AbstractAsyncContextManager[Generation] | None = None  # open_generation(...)
     encoder: Encoder | None = None
-    fold: Callable[[Fold, Generation], dict[str, Any]] | None = None
+    render: Callable[[Answer], dict[str, Any]] | None = None  # the folded answer's object
     announce: LoadAnnouncement | None = None  # native streams: progress lines while loading
     progress: Progress | None = None  # pull, create: their progress events
 
@@ -70,7 +72,7 @@ class GenerationRoutes:
     else to ``app``.  ``nursery`` gives the app's nursery, where pulls run."""
 
     def __init__(
-        self, app: QuartTrio, ctx: ApiContext, drain: Drain, origins: OriginPolicy,
+        self, app: ASGIApp, ctx: ApiContext, drain: Drain, origins: OriginPolicy,
         guard_hosts: bool, allowed_host: Callable[[str], bool],
         nursery: Callable[[], trio.Nursery],
     ) -> None:  # fmt: skip
@@ -81,7 +83,6 @@ class GenerationRoutes:
         self._origins = origins
         self._guard_hosts = guard_hosts
         self._allowed_host = allowed_host
-        self._native = OllamaApi(ctx)
         self._routes: dict[str, tuple[Callable[[dict[str, Any], float], Awaitable[Plan]], bool]] = {
             "/api/generate": (self._generate, False),
             "/api/chat": (self._chat, False),
@@ -107,7 +108,7 @@ class GenerationRoutes:
         if scope["type"] == "http" and scope["method"] == "POST":
             route = self._routes.get(scope["path"])
         if route is None:
-            await self.app(scope, receive, send)  # type: ignore[arg-type]
+            await self.app(scope, receive, send)
             return
         await _Exchange(self, scope, receive, send, openai=route[1]).run(route[0])
 
@@ -115,26 +116,30 @@ class GenerationRoutes:
 
     async def _plan(
         self, req: GenerateRequest | ChatRequest, started: float, *, native: bool,
-        encoder: Encoder, fold: Callable[[Fold, Generation], dict[str, Any]],
+        encoder: Encoder, render: Callable[[Answer], dict[str, Any]],
     ) -> Plan:  # fmt: skip
-        """The native checks (model, capabilities, options), then the generation to run.
-        Native routes also answer unload (B23) and load-only (B24) requests at once."""
+        """The dialect-neutral checks (model, capabilities, options), then the generation to
+        run, streamed with the dialect's ``encoder`` or folded and rendered with its
+        ``render``.  Native routes also answer unload (B23) and load-only (B24) requests at
+        once."""
         chat = isinstance(req, ChatRequest)
-        prepared = await self._native.prepare(req, "chat" if chat else "generate")
-        if isinstance(prepared, Response):
+        prepared = await pipeline.prepare(self.ctx, req)
+        if prepared is None:
             assert native, "only an unload request answers at once; /v1 cannot send one"
-            return Plan(response=prepared)
-        model_request, model, info = prepared
+            return Plan(response=json_response(native_wire.done_object(req, "unload")))
+        model_request = prepared.model_request
         empty = not req.messages if isinstance(req, ChatRequest) else not (req.prompt or req.images)
         if native and empty:
             lease = await self.ctx.scheduler.load(model_request)
             if self.ctx.metrics is not None:
                 self.ctx.metrics.lease_taken(lease)
-            return Plan(response=json_response(self._native._done(req, "load")))
+            return Plan(response=json_response(native_wire.done_object(req, "load")))
         if isinstance(req, ChatRequest):
-            completion = chat_completion(req, model, info, model_request.options)
+            completion = chat_completion(req, prepared.model, prepared.info, model_request.options)
         else:
-            completion = generate_completion(req, model, info, model_request.options)
+            completion = generate_completion(
+                req, prepared.model, prepared.info, model_request.options
+            )
         generation = open_generation(self.ctx.scheduler, model_request, completion, started)
         if req.stream:
             announce = LoadAnnouncement(
@@ -143,34 +148,38 @@ class GenerationRoutes:
             return Plan(
                 generation=generation, encoder=encoder, announce=announce if native else None
             )
-        return Plan(generation=generation, fold=fold)
+        return Plan(generation=generation, render=render)
 
     async def _generate(self, body: dict[str, Any], started: float) -> Plan:
-        req = GenerateRequest.parse(body)
+        req = native_wire.generate_request(body)
         return await self._plan(
             req, started, native=True, encoder=GenerateLines(req.model),
-            fold=lambda f, g: f.generate(req.model, g),
+            render=lambda answer: native_wire.generate_answer(req.model, answer),
         )  # fmt: skip
 
     async def _chat(self, body: dict[str, Any], started: float) -> Plan:
-        req = ChatRequest.parse(body)
+        req = native_wire.chat_request(body)
         return await self._plan(
             req, started, native=True, encoder=ChatLines(req.model),
-            fold=lambda f, g: f.chat(req.model, g),
+            render=lambda answer: native_wire.chat_answer(req.model, answer),
         )  # fmt: skip
 
     async def _completions(self, body: dict[str, Any], started: float) -> Plan:
-        req = GenerateRequest.parse(completion_body(body))
+        call = openai_wire.completion_request(body)
+        model = call.core.model
         return await self._plan(
-            req, started, native=False, encoder=CompletionEvents(req.model, include_usage(body)),
-            fold=lambda f, g: text_completion(req.model, f.generate(req.model, g)),
+            call.core, started, native=False,
+            encoder=CompletionEvents(model, call.include_usage),
+            render=lambda answer: openai_wire.text_completion(model, answer),
         )  # fmt: skip
 
     async def _chat_completions(self, body: dict[str, Any], started: float) -> Plan:
-        req = ChatRequest.parse(chat_body(body))
+        call = openai_wire.chat_request(body)
+        model = call.core.model
         return await self._plan(
-            req, started, native=False, encoder=ChatEvents(req.model, include_usage(body)),
-            fold=lambda f, g: openai_chat_completion(req.model, f.chat(req.model, g)),
+            call.core, started, native=False,
+            encoder=ChatEvents(model, call.include_usage),
+            render=lambda answer: openai_wire.chat_completion(model, answer),
         )  # fmt: skip
 
     async def _pull(self, body: dict[str, Any], started: float) -> Plan:
@@ -308,6 +317,7 @@ class _Exchange:
             await self.serve_progress(plan.progress)
             return
         generation = plan.generation
+        assert generation is not None  # neither an answer nor progress: a generation
         if plan.announce is not None and plan.announce.needed():
             # A load first: start the stream now and tell the client how it goes.
             assert plan.encoder is not None
@@ -317,11 +327,11 @@ class _Exchange:
             generation = announcing_load(self.nursery, plan.announce, generation, self.body)
         async with generation as gen:
             self.generation = gen
-            if plan.fold is not None:
+            if plan.render is not None:
                 fold = Fold()
                 while batch := await gen.next_batch():
                     fold.add(batch)
-                await self.respond(json_response(plan.fold(fold, gen)))
+                await self.respond(json_response(plan.render(fold.answer(gen))))
                 return
             encoder = plan.encoder
             assert encoder is not None

@@ -6,15 +6,16 @@ read); each encoder turns a whole batch into one piece of bytes, so a relay writ
 client once per wake-up and a token that arrives alone is written at once.  The same
 :class:`Generation` feeds every format: native NDJSON (``/api/generate``, ``/api/chat``),
 OpenAI server-sent events (``/v1/completions``, ``/v1/chat/completions``) and the folded
-single object of ``"stream": false``.  Errors stay exceptions until an encoder writes them.
-The encoders live with their dialects: :mod:`ollamatrio.api.native_stream` and
-:mod:`ollamatrio.api.openai_stream`.
+single object of ``"stream": false`` (:mod:`.answer`).  Errors stay exceptions until an
+encoder writes them.  The encoders live with their dialects: :mod:`ollamatrio.api.native_stream`
+and :mod:`ollamatrio.api.openai_stream`.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
@@ -22,6 +23,18 @@ import trio
 from ..scheduler import Lease, ModelRequest, Scheduler
 from ..types import Chunk, CompletionRequest
 from ..wire import ns
+
+
+@dataclass(frozen=True)
+class Timings:
+    """A generation's counts and durations (nanoseconds), as Ollama reports them."""
+
+    total_duration: int
+    load_duration: int
+    prompt_eval_count: int
+    prompt_eval_duration: int
+    eval_count: int
+    eval_duration: int
 
 
 class Generation:
@@ -63,16 +76,16 @@ class Generation:
                 return batch[: i + 1]
         return batch
 
-    def timings(self, chunk: Chunk) -> dict[str, Any]:
-        """Ollama's final counts and nanosecond durations."""
-        return {
-            "total_duration": ns(trio.current_time() - self.started),
-            "load_duration": ns(self.load_duration),
-            "prompt_eval_count": chunk.prompt_eval_count,
-            "prompt_eval_duration": chunk.prompt_eval_duration,
-            "eval_count": chunk.eval_count,
-            "eval_duration": chunk.eval_duration,
-        }
+    def timings(self, chunk: Chunk) -> Timings:
+        """The counts of the final ``chunk``, and the durations until now."""
+        return Timings(
+            total_duration=ns(trio.current_time() - self.started),
+            load_duration=ns(self.load_duration),
+            prompt_eval_count=chunk.prompt_eval_count,
+            prompt_eval_duration=chunk.prompt_eval_duration,
+            eval_count=chunk.eval_count,
+            eval_duration=chunk.eval_duration,
+        )
 
 
 def _content(chunk: Chunk) -> bool:

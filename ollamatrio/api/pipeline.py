@@ -1,0 +1,110 @@
+"""The steps every dialect's requests take once translated into the core's typed records:
+the queue check, the model and its capabilities, the merged options, and embeddings.
+
+A dialect only translates (``native_wire``, ``openai_wire``); what a request needs of the
+store and the scheduler is decided here, the same for all of them.  Generations then run
+in the routes (:mod:`.routes`), their completion request built by
+:mod:`ollamatrio.generation.completion`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trio
+
+from ..errors import QueueFullError
+from ..generation.requests import ChatRequest, EmbedRequest, GenerateRequest
+from ..gguf import GGUFInfo
+from ..scheduler import ModelRequest
+from ..store import Model
+from .models import ApiContext, capabilities, require
+from .requests import merge_options
+
+
+def refuse_when_queue_full(ctx: ApiContext) -> None:
+    """Refuse a request that could only join a full queue before it does any work of its own
+    (resolving the name, reading headers, rendering templates), so that every request of a
+    burst over ``OLLAMA_MAX_QUEUE`` gets its 503 at once.  The scheduler's own check at
+    admission still decides for the requests that pass this one."""
+    waiting = ctx.scheduler.waiting
+    if waiting > 0 and waiting >= ctx.scheduler.settings.max_queue:
+        raise QueueFullError()
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A generation request's model, checked: what the scheduler is asked for, the stored
+    model and its GGUF header."""
+
+    model_request: ModelRequest
+    model: Model
+    info: GGUFInfo
+
+
+def unloads(req: GenerateRequest | ChatRequest) -> bool:
+    """An empty request with ``keep_alive`` 0 only unloads its model (B23)."""
+    empty = not req.prompt if isinstance(req, GenerateRequest) else not req.messages
+    return empty and req.keep_alive == 0
+
+
+async def prepare(ctx: ApiContext, req: GenerateRequest | ChatRequest) -> Prepared | None:
+    """Resolve and check the model for ``req``; None when the request only unloaded it
+    (:func:`unloads`), which happens at once."""
+    if not unloads(req):
+        refuse_when_queue_full(ctx)
+    model = await ctx.resolve(req.model)
+    assert model.model_path is not None
+    if unloads(req):
+        ctx.scheduler.unload(str(model.model_path))
+        return None
+    info = await ctx.gguf(str(model.model_path))
+    caps = capabilities(model, info)
+    require(req.model, caps, "completion", "chat" if isinstance(req, ChatRequest) else "generate")
+    if req.has_images:
+        require(req.model, caps, "vision", "vision: it has no projector (mmproj)")
+    if req.think:
+        require(req.model, caps, "thinking")
+    if isinstance(req, ChatRequest) and req.tools:
+        require(req.model, caps, "tools")
+    options = merge_options(model.params, req.options)
+    model_request = ctx.model_request(model, options, req.keep_alive, caps, shift=req.shift)
+    return Prepared(model_request, model, info)
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """An embedding request's result."""
+
+    vectors: list[list[float]]
+    prompt_eval_count: int
+    load_duration: float  # seconds
+    total_duration: float  # seconds
+
+
+async def embed(ctx: ApiContext, req: EmbedRequest) -> Embedded:
+    """Embed ``req.inputs``; no inputs only loads the model."""
+    started = trio.current_time()
+    refuse_when_queue_full(ctx)
+    model = await ctx.resolve(req.model)
+    caps = await ctx.capabilities(model)
+    merged = merge_options(model.params, req.options)
+    # Any model can embed: a chat model gets a runner of its own in embedding mode.
+    model_request = ctx.model_request(model, merged, req.keep_alive, caps, embedding=True)
+    metrics = ctx.metrics
+    async with ctx.scheduler.lease(model_request) as lease:
+        if metrics is not None:
+            metrics.lease_taken(lease)
+        if not req.inputs:
+            return Embedded([], 0, lease.load_duration, trio.current_time() - started)
+        result = await lease.engine.embed(
+            req.inputs, truncate=req.truncate, dimensions=req.dimensions
+        )
+    if metrics is not None:
+        metrics.tokens_counted(lease.runner.name, result.prompt_eval_count)
+    return Embedded(
+        result.vectors,
+        result.prompt_eval_count,
+        lease.load_duration,
+        trio.current_time() - started,
+    )
