@@ -17,6 +17,7 @@ import trio
 from helpers.runner_process import RawRunner, start_raw_runner
 
 from ollamatrio.config import Settings
+from ollamatrio.engines.chunk_stream import ChunkStream, stall_guard
 from ollamatrio.engines.llamacpp_wire import (
     ChatStream,
     CompletionStream,
@@ -29,13 +30,8 @@ from ollamatrio.engines.llamacpp_wire import (
     sampling_fields,
     timing_counts,
 )
-from ollamatrio.engines.process import (
-    ProcessEngineFactory,
-    RunnerClient,
-    _ChunkStream,
-    open_runner_http,
-    stall_guard,
-)
+from ollamatrio.engines.process import ProcessEngineFactory
+from ollamatrio.engines.runner_client import RunnerClient, open_runner_http
 from ollamatrio.engines.runner_http import parse_event
 from ollamatrio.errors import (
     CapabilityError,
@@ -557,7 +553,7 @@ async def test_a_silent_stream_fails_after_the_stall_timeout(
     seen = []
     with pytest.raises(RunnerError, match="stopped responding: no output for 300s"):
         async with aclosing(body()) as source, stall_guard(client) as stall:
-            stream = _ChunkStream(client, ScriptedEvents(source), CompletionStream(), None, stall)
+            stream = ChunkStream(client, ScriptedEvents(source), CompletionStream(), None, stall)
             async for chunk in stream:
                 seen.append(chunk.content)
                 await trio.sleep(1000)  # the consumer's own time is not the runner's silence
@@ -712,7 +708,7 @@ async def test_a_generation_stuck_on_one_piece_is_ended() -> None:
     async with aclosing(body()) as source:
         events = ScriptedEvents(source)
         client = RunnerClient(name="t", context_length=2048)
-        stream = _ChunkStream(client, events, CompletionStream(), None, trio.CancelScope())
+        stream = ChunkStream(client, events, CompletionStream(), None, trio.CancelScope())
         chunks = [chunk async for chunk in stream]
     assert [c.content for c in chunks[:-1]] == ["Hello"] + [" la"] * 31
     assert chunks[-1].done

@@ -126,7 +126,7 @@ async def probe_engine(
     ``CUDA_VISIBLE_DEVICES`` leaves, as NVML discovery does.  Raises
     :class:`EngineProbeError` when it crashes or says nothing usable.  Bound it with a
     cancel scope: a cancelled probe is killed."""
-    from .process import describe_exit
+    from .health import describe_exit
 
     done = await trio.run_process(
         [python, "-m", "ollamatrio.runner.probe"],

@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ollamatrio.errors import InvalidRequestError
 from ollamatrio.types import Chunk, CompletionRequest
@@ -176,7 +176,7 @@ def parse_sse_line(line: str) -> dict[str, Any] | None:
             payload = line[len(prefix) :].strip()
             if payload == "[DONE]":
                 return None
-            event = json.loads(payload)
+            event: dict[str, Any] = json.loads(payload)
             if prefix == "error:" and "error" not in event:
                 event = {"error": event}
             return event
@@ -193,7 +193,16 @@ def raise_for_error(event: Mapping[str, Any]) -> None:
     raise RunnerReportedError(str(error))
 
 
-def timing_counts(timings: Mapping[str, Any] | None) -> dict[str, int]:
+class TimingCounts(TypedDict):
+    """A final chunk's counts and durations, as :class:`~ollamatrio.types.Chunk` names them."""
+
+    prompt_eval_count: int
+    prompt_eval_duration: int  # ns
+    eval_count: int
+    eval_duration: int  # ns
+
+
+def timing_counts(timings: Mapping[str, Any] | None) -> TimingCounts:
     """llama.cpp timings -> Ollama's prompt_eval/eval counts and durations (ns)."""
     t = timings or {}
     return {

@@ -17,7 +17,7 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, fields
 from typing import Any
@@ -146,7 +146,7 @@ class SimulatedEngine:
         finally:
             self.active_streams -= 1
 
-    async def _stream(self, request: CompletionRequest) -> AsyncIterator[Chunk]:
+    async def _stream(self, request: CompletionRequest) -> AsyncGenerator[Chunk, None]:
         b = self._behaviour
         messages = request.messages or ()
         prompt = request.prompt or " ".join(str(m.get("content", "")) for m in messages)

@@ -1,0 +1,83 @@
+"""What a request asks the scheduler for, and what it gets: the records of admission.
+
+A :class:`ModelRequest` names the model and the options it wants loaded; a
+:class:`PendingRequest` is one that waits for the placement task to find it a runner; a
+:class:`Lease` is what ``Scheduler.lease`` yields once a runner is ready and a slot is held.
+Plain records with synchronous transitions: the scheduler module owns the queue they sit
+in, the policy module decides for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ..engines.protocol import Engine
+from ..gguf import GGUFInfo
+from .options import LoadOptions
+from .runner import Runner
+
+EMBEDDING_KEY_SUFFIX = "#embedding"
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What a request wants loaded.  ``options`` are the merged model + request options."""
+
+    name: str
+    model_path: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    keep_alive: float | None = None  # None: keep the runner's current value
+    adapters: tuple[str, ...] = ()
+    projector: str | None = None
+    embedding_only: bool = False
+    shift: bool | None = None  # context shift (B27); None: the default for the model
+    chat_template: str | None = None
+    digest: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """Runners are shared by file (B2) and mode: a chat model asked for embeddings gets
+        a runner of its own, loaded in embedding mode."""
+        return self.model_path + EMBEDDING_KEY_SUFFIX if self.embedding_only else self.model_path
+
+
+@dataclass
+class Lease:
+    """What ``Scheduler.lease`` yields: a ready engine and how long this request waited."""
+
+    runner: Runner
+    load_duration: float  # seconds spent waiting for a load (Ollama's load_duration)
+    waited: float = 0.0  # seconds from asking to holding a slot: queue, load and slot waits
+
+    @property
+    def engine(self) -> Engine:
+        assert self.runner.engine is not None
+        return self.runner.engine
+
+
+class PendingRequest:
+    """A request waiting for the placement task to find it a runner."""
+
+    def __init__(self, request: ModelRequest, info: GGUFInfo, load: LoadOptions) -> None:
+        self.request = request
+        self.info = info
+        self.load = load
+        self.runner: Runner | None = None  # set when attached to a (loading or ready) runner
+        self.error: BaseException | None = None
+        self.decided = trio.Event()
+        self.evict_others = False  # B44: retry after evicting everything else
+        self.oom_retried = False
+
+    def attach(self, runner: Runner) -> None:
+        self.runner = runner
+        runner.add_waiter()
+        self.decided.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.decided.set()
