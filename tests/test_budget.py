@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import resource
+import signal
 import socket
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from conftest import import_model
 from test_front import GENERATE, Client
 
 from ollamatrio.config import Settings
@@ -23,6 +30,7 @@ from ollamatrio.http.budget import (
     raise_open_file_limit,
 )
 from ollamatrio.serve import connection_cap
+from ollamatrio.store import ModelStore
 
 # -- the open file limit and the cap ------------------------------------------------------
 
@@ -58,8 +66,8 @@ class FakeLimits:
 def limits(monkeypatch: pytest.MonkeyPatch) -> Any:
     def install(soft: int, hard: int, **kwargs: Any) -> FakeLimits:
         fake = FakeLimits(soft, hard, **kwargs)
-        monkeypatch.setattr(budget_module.resource, "getrlimit", fake.getrlimit)
-        monkeypatch.setattr(budget_module.resource, "setrlimit", fake.setrlimit)
+        monkeypatch.setattr(resource, "getrlimit", fake.getrlimit)
+        monkeypatch.setattr(resource, "setrlimit", fake.setrlimit)
         return fake
 
     return install
@@ -134,7 +142,7 @@ class Conn:
         self.leave = trio.Event()
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with self.budget.place() as admitted:
+        async with self.budget.place(self) as admitted:
             self.admitted = admitted
             task_status.started()
             if not admitted:
@@ -224,6 +232,33 @@ async def test_a_burst_closes_one_idle_connection_per_newcomer(autojump_clock: A
         assert budget.held == 4
         assert (budget.peak, budget.evicted, budget.refused) == (4, 3, 0)
         nursery.cancel_scope.cancel()
+    assert budget.held == 0
+
+
+async def test_a_newcomer_waits_for_a_connection_already_closing(autojump_clock: Any) -> None:
+    """Not refused for a place that is being freed (the handler is in its last close)."""
+    budget = ConnectionBudget(1)
+    closed = trio.Event()
+    log: list[str] = []
+
+    async def closing(task_status: trio.TaskStatus[None]) -> None:
+        async with budget.place("old"):
+            task_status.started()
+            budget.leaving("old")
+            await closed.wait()  # the socket's close, drawn out
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(closing)
+        new = Conn(budget, "new", log)
+        nursery.start_soon(new.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert new.admitted is None  # waiting
+        closed.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert new.admitted
+        assert (budget.held, budget.evicted, budget.refused) == (1, 0, 0)
+        new.go_idle.set()
+        new.leave.set()
     assert budget.held == 0
 
 
@@ -367,3 +402,105 @@ def test_a_refused_client_reads_the_503_though_it_sent_a_request_first() -> None
             data += chunk
         assert data.startswith(b"HTTP/1.1 503 ")
         assert data.endswith(budget_module.REFUSAL_BODY)
+
+
+# -- a real server under a low open file limit ---------------------------------------------
+
+LIMIT = 256  # soft and hard: raising the soft limit cannot help
+
+
+async def test_a_server_under_a_low_file_limit_still_serves_and_loads(
+    tmp_path: Path, tiny_gguf: Any
+) -> None:
+    """``python -m ollamatrio serve`` (real runner processes) under ``ulimit -n 256``: with
+    more idle connections than its cap, a new request and a model load still succeed (the
+    oldest idle connections are closed for them); with the cap taken by busy connections, a
+    new one is answered 503 at once; the server's descriptors stay below the limit."""
+    store = ModelStore(tmp_path / "models")
+    await trio.to_thread.run_sync(import_model, store, "tiny", tiny_gguf())
+    env = {**os.environ, "OLLAMA_HOST": "127.0.0.1:0", "OLLAMA_MODELS": str(tmp_path / "models"),
+           "OLLAMATRIO_ENGINE": "process"}  # fmt: skip
+    env.pop("OLLAMATRIO_MAX_CONNECTIONS", None)
+    command = f'ulimit -Sn {LIMIT} && ulimit -Hn {LIMIT} && exec "$@"'
+    proc = await trio.lowlevel.open_process(
+        ["bash", "-c", command, "bash", sys.executable, "-m", "ollamatrio", "serve"],
+        env=env, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    output = bytearray()
+    listening = trio.Event()
+
+    async def read_log() -> None:
+        assert proc.stderr is not None
+        while chunk := await proc.stderr.receive_some():
+            output.extend(chunk)
+            if b"Listening on" in output:
+                listening.set()
+
+    clients: list[Client] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_log)
+            with trio.fail_after(60):
+                await listening.wait()
+            text = output.decode()
+            assert f"open file limit {LIMIT} (hard limit {LIMIT})" in text
+            match = re.search(r"up to (\d+) client connections at once \(from the limit", text)
+            assert match is not None, text
+            cap = int(match.group(1))
+            assert cap == default_cap(LIMIT)
+            url = re.search(r"Listening on (http://\S+)", text).group(1)  # type: ignore[union-attr]
+
+            def server_fds() -> int:
+                return len(os.listdir(f"/proc/{proc.pid}/fd"))
+
+            with trio.fail_after(60):
+                # More idle connections than the cap: the oldest are closed as new ones come.
+                idle = [await Client.open(url) for _ in range(cap + 8)]
+                clients += idle
+                with trio.fail_after(5):
+                    r = await (await open_client(url, clients)).exchange(
+                        "/api/version", method="GET"
+                    )
+                assert r.status == 200
+                # A generation that starts a runner process: it has its descriptors.
+                client = await open_client(url, clients)
+                r = await client.exchange("/api/generate", {**GENERATE, "stream": False})
+                assert r.status == 200, r.body
+                assert json.loads(r.body)["done"] is True
+                for old in idle[:8]:
+                    assert await old.closed()
+                assert server_fds() < LIMIT
+                # The cap taken by busy connections (a body still to come): a fast 503.
+                for c in clients:
+                    await c.stream.aclose()
+                clients.clear()
+                for _ in range(cap):
+                    await expect_continue(await open_client(url, clients))
+                refused = await open_client(url, clients)
+                with trio.fail_after(2):
+                    r = await refused.exchange("/api/version", method="GET")
+                assert r.status == 503
+                assert r.headers[b"retry-after"] == b"%d" % RETRY_AFTER
+                assert server_fds() < LIMIT
+                assert "the most allowed (OLLAMATRIO_MAX_CONNECTIONS)" in output.decode()
+                for c in clients:
+                    await c.stream.aclose()
+                clients.clear()
+                proc.send_signal(signal.SIGTERM)
+                assert await proc.wait() == 0, output.decode()
+    finally:
+        for c in clients:
+            await c.stream.aclose()
+        if proc.returncode is None:
+            proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+        await proc.stderr.aclose()
+    assert "server stopped" in output.decode()
+
+
+async def open_client(url: str, clients: list[Client]) -> Client:
+    client = await Client.open(url)
+    clients.append(client)
+    return client

@@ -118,7 +118,8 @@ class ConnectionBudget:
         if cap < 1:
             raise ValueError(f"the connection cap must be at least 1, not {cap}")
         self.cap = cap
-        self.held = 0
+        self._held: set[object] = set()
+        self._leaving: set[object] = set()  # held, closing without waiting on the client
         self.peak = 0  # the most held at once
         self.evicted = 0  # idle connections closed to make room
         self.refused = 0  # connections answered 503
@@ -127,40 +128,54 @@ class ConnectionBudget:
         self._changed = trio.lowlevel.ParkingLot()  # for wait_held()
         self._full = False  # since the last place given without closing or refusing one
 
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
     @contextlib.asynccontextmanager
-    async def place(self) -> AsyncIterator[bool]:
-        """Hold a place for a new connection while the block runs; True when it got one
+    async def place(self, connection: object) -> AsyncIterator[bool]:
+        """Hold a place for ``connection`` while the block runs; True when it got one
         (perhaps after closing the oldest idle connection), False when every place is taken
         by a busy connection (the caller refuses it)."""
         admitted = await self._admit()
+        if admitted:
+            self._held.add(connection)
+            self.peak = max(self.peak, self.held)
+            self._changed.unpark_all()
         try:
             yield admitted
         finally:
             if admitted:
-                self.held -= 1
+                self._held.discard(connection)
+                self._leaving.discard(connection)
                 self._freed.unpark()
                 self._changed.unpark_all()
 
     async def _admit(self) -> bool:
         while self.held >= self.cap:
-            if not self._idle:
+            if self._idle:
+                oldest = next(iter(self._idle))
+                del self._idle[oldest]
+                oldest.cancel()
+                self.evicted += 1
+                self._note_full("closing the oldest idle ones")
+            elif not self._leaving:
                 self.refused += 1
                 self._note_full("answering new ones 503")
                 return False
-            oldest = next(iter(self._idle))
-            del self._idle[oldest]
-            oldest.cancel()
-            self.evicted += 1
-            self._note_full("closing the oldest idle ones")
-            # Its handler leaves at its next checkpoint (closing is shielded and does not
-            # wait on the client); another one leaving frees a place as well.
+            # The closed one's handler leaves at its next checkpoint (closing is shielded
+            # and does not wait on the client), as does one already leaving; whichever
+            # leaves first frees a place.
             await self._freed.park()
         if self.held < self.cap - 1:
             self._full = False
-        self.held += 1
-        self.peak = max(self.peak, self.held)
-        self._changed.unpark_all()
         return True
+
+    def leaving(self, connection: object) -> None:
+        """``connection`` closes now, without waiting on its client: a newcomer at the cap
+        waits for its place rather than being refused."""
+        if connection in self._held:
+            self._leaving.add(connection)
 
     async def wait_held(self, count: int) -> None:
         """Until exactly ``count`` places are held (tests, benchmarks)."""

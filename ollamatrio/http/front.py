@@ -139,7 +139,7 @@ class Front:
     async def accept(self, stream: trio.SocketStream) -> None:
         """One accepted connection: served while it holds a place in the budget (closing the
         oldest idle connection to make one if need be), else answered 503 at once."""
-        async with self.budget.place() as admitted:
+        async with self.budget.place(stream) as admitted:
             if admitted:
                 await self.handle(stream)
             else:
@@ -300,6 +300,7 @@ class _Connection:
                     await self.stream.send_eof()
                     while await self.stream.receive_some(RECEIVE_SIZE):
                         pass
+            self.front.budget.leaving(self.stream)
             await self.stream.aclose()
 
     async def write(self, data: bytes) -> None:
