@@ -68,6 +68,9 @@ class Settings:
     # Seconds a running generation may go without a byte from its runner (prompt progress
     # counts) before it fails and the runner is killed; math.inf = wait forever.
     stall_timeout: float = DEFAULT_STALL_TIMEOUT
+    # OLLAMATRIO_MAX_CONNECTIONS: client connections the server holds at once; 0 = from the
+    # open file limit (http/budget.py: the limit less a reserve for runners and the store).
+    max_connections: int = 0
     sched_spread: bool = False
     context_length: int = 0  # 0 = auto tier from total VRAM
     flash_attention: bool | None = None  # None = auto
@@ -107,6 +110,12 @@ class Settings:
         else:
             models_dir = _default_models_dir()
         config = _var(env, "OLLAMATRIO_CONFIG")
+        max_connections = _var(env, "OLLAMATRIO_MAX_CONNECTIONS")
+        if max_connections and not _UINT.fullmatch(max_connections):
+            raise ValueError(
+                "OLLAMATRIO_MAX_CONNECTIONS must be a number of client connections "
+                f"(0: from the open file limit), not {env['OLLAMATRIO_MAX_CONNECTIONS']!r}"
+            )
         return cls(
             host=host,
             port=port,
@@ -126,6 +135,7 @@ class Settings:
             stall_timeout=_env_duration(
                 env, "OLLAMATRIO_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT, zero_is_inf=True
             ),
+            max_connections=int(max_connections or 0),
             sched_spread=_env_bool(env, "OLLAMA_SCHED_SPREAD", False),
             context_length=_env_uint(env, "OLLAMA_CONTEXT_LENGTH", 0),
             flash_attention=_env_optional_bool(env, "OLLAMA_FLASH_ATTENTION"),

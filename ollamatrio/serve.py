@@ -28,6 +28,7 @@ from .devices import DeviceSource
 from .engines.capability import engine_device_source
 from .engines.protocol import EngineFactory
 from .errors import OllamatrioError
+from .http.budget import ConnectionBudget, default_cap, raise_open_file_limit
 from .http.front import serve_http
 from .log import configure_logging
 from .model_config import ConfigError, ModelConfig, load_model_config
@@ -121,6 +122,20 @@ def hypercorn_config(settings: Settings, listener: socket.socket | None = None) 
     return config
 
 
+def connection_cap(settings: Settings) -> int:
+    """Raise the open file limit (logged) and decide the connection cap (logged)."""
+    limit = raise_open_file_limit().soft
+    cap = settings.max_connections or default_cap(limit)
+    if cap > limit:
+        log.warning(
+            "OLLAMATRIO_MAX_CONNECTIONS=%d is above the open file limit (%d): clients can "
+            "take every descriptor, and runners then fail to start", cap, limit,
+        )  # fmt: skip
+    how = "OLLAMATRIO_MAX_CONNECTIONS" if settings.max_connections else "from the limit"
+    log.info("up to %d client connections at once (%s; open file limit %d)", cap, how, limit)
+    return cap
+
+
 async def serve(
     settings: Settings,
     *,
@@ -139,9 +154,14 @@ async def serve(
     ``settings.config_path`` names.  Models marked ``preload`` load in the background,
     after the listener is up.
 
+    The soft open file limit is raised to the hard one first (as a Go server's runtime
+    does), and the client connections held at once are capped below it
+    (``settings.max_connections``, default :func:`~ollamatrio.http.budget.default_cap`).
+
     Raises:
         ConfigError: ``model_config`` was not given and the file cannot be used.
     """
+    budget = ConnectionBudget(connection_cap(settings))
     if model_config is None:
         model_config = await trio.to_thread.run_sync(load_model_config, settings.config_path)
     store = await trio.to_thread.run_sync(
@@ -176,9 +196,10 @@ async def serve(
                 context = ApiContext(scheduler=scheduler, store=store, settings=settings)
                 nursery.start_soon(preload_models, context, model_config)
                 await serve_http(
-                    app,  # type: ignore[arg-type]
+                    app,
                     hypercorn_config(settings, listener),
                     shutdown_trigger=trigger,
+                    budget=budget,
                     task_status=task_status,
                 )
                 nursery.cancel_scope.cancel()

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from ollamatrio.engines.protocol import EngineFactory
     from ollamatrio.engines.simulated import SimulatedBehaviour
+    from ollamatrio.http.budget import ConnectionBudget
     from ollamatrio.scheduler import Scheduler
     from ollamatrio.store import ModelStore
 
@@ -101,7 +102,7 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
     Options: ``behaviour`` (:class:`SimulatedBehaviour`, fast by default), ``models``
     (extra ``{name: gguf path}`` to import), ``engines`` (another engine factory, e.g.
     real runner processes), ``gpus`` (simulated GPUs, as in OLLAMATRIO_SIMULATED_GPUS),
-    any :class:`Settings` field.
+    ``budget`` (the front door's :class:`ConnectionBudget`), any :class:`Settings` field.
     """
 
     @asynccontextmanager
@@ -111,6 +112,7 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
         models: dict[str, Path] | None = None,
         engines: EngineFactory | None = None,
         gpus: list[dict[str, Any]] | None = None,
+        budget: ConnectionBudget | None = None,
         **overrides: Any,
     ) -> AsyncIterator[RunningServer]:
         # Imported here so that a broken server module fails only the API tests.
@@ -149,6 +151,7 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
                     app,
                     hypercorn_config(settings),
                     shutdown_trigger=stop.wait,
+                    budget=budget,
                 )
             )
             try:

@@ -39,6 +39,7 @@ from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
 from .asgi import ASGIApp, Exchange
+from .budget import ConnectionBudget, default_cap, open_file_limit, refuse
 from .http1 import (
     MAX_HEAD,
     TOKEN_BYTES,
@@ -111,11 +112,13 @@ class ReplayStream(trio.abc.HalfCloseableStream):
 
 
 class Front:
-    """What the connections share: the apps, and whether shutdown has begun."""
+    """What the connections share: the apps, the connection budget, and whether shutdown has
+    begun."""
 
     def __init__(
         self, app: ASGIApp, wrapped: AppWrapper, routes: StreamRoutes | None,
         config: Config, context: WorkerContext, state: LifespanState,
+        budget: ConnectionBudget | None = None,
     ) -> None:  # fmt: skip
         self.app = app  # what hypercorn's wrapper calls (the same callable, the same scope)
         self.wrapped = wrapped  # for hypercorn
@@ -126,13 +129,21 @@ class Front:
         self.state = state
         self.stopping = False
         self.handoffs = 0  # connections handed to hypercorn (tests and logs look)
-        self._idle: set[trio.CancelScope] = set()
+        self.budget = budget or ConnectionBudget(default_cap(open_file_limit()))
 
     def stop(self) -> None:
         """Read no more requests; close the connections waiting for one."""
         self.stopping = True
-        for scope in self._idle:
-            scope.cancel()
+        self.budget.close_idle()
+
+    async def accept(self, stream: trio.SocketStream) -> None:
+        """One accepted connection: served while it holds a place in the budget (closing the
+        oldest idle connection to make one if need be), else answered 503 at once."""
+        async with self.budget.place(stream) as admitted:
+            if admitted:
+                await self.handle(stream)
+            else:
+                await refuse(stream)
 
     async def handle(self, stream: trio.SocketStream) -> None:
         """One accepted connection, for as long as it lives."""
@@ -223,13 +234,10 @@ class _Connection:
         None: the client left, the keep-alive timeout passed, or shutdown began."""
         if self.front.stopping:
             return None
-        with self.front.idle() as scope:
-            self.front._idle.add(scope)
-            try:
-                end = await self._read_until_head()
-            finally:
-                self.front._idle.discard(scope)
-        if scope.cancelled_caught or end is None:
+        with self.front.idle() as scope, self.front.budget.idle(scope):
+            end = await self._read_until_head()
+        # Cancelled (timeout, shutdown, or closed to make room) even if a head came in.
+        if scope.cancel_called or end is None:
             return None
         if end < 0:
             return _HANDOFF
@@ -292,6 +300,7 @@ class _Connection:
                     await self.stream.send_eof()
                     while await self.stream.receive_some(RECEIVE_SIZE):
                         pass
+            self.front.budget.leaving(self.stream)
             await self.stream.aclose()
 
     async def write(self, data: bytes) -> None:
@@ -326,17 +335,19 @@ async def serve_http(
     config: Config,
     *,
     shutdown_trigger: Callable[..., Awaitable[None]] | None = None,
+    budget: ConnectionBudget | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` (an ASGI app; a :func:`create_app` app gets the front door for its
     generation routes) as ``hypercorn.trio.serve`` does: until ``shutdown_trigger`` returns,
-    then running requests get ``config.graceful_timeout`` to finish."""
+    then running requests get ``config.graceful_timeout`` to finish.  ``budget`` caps the
+    client connections held at once (default: from the open file limit, ``http/budget.py``)."""
     wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
     config.set_statsd_logger_class(StatsdLogger)
     state: LifespanState = {}
     lifespan = Lifespan(wrapped, config, state)
     context = WorkerContext(None)
-    front = Front(app, wrapped, stream_routes_of(app), config, context, state)
+    front = Front(app, wrapped, stream_routes_of(app), config, context, state, budget)
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
@@ -359,7 +370,7 @@ async def serve_http(
                     nursery.start_soon(
                         partial(
                             trio.serve_listeners,
-                            front.handle,
+                            front.accept,
                             listeners,
                             handler_nursery=server_nursery,
                         )
