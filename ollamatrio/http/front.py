@@ -40,12 +40,13 @@ from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wra
 
 from .asgi import ASGIApp, Exchange
 from .http1 import (
+    HANDOFF,
     MAX_HEAD,
-    TOKEN_BYTES,
     BadRequest,
     Head,
     content_length,
-    parse_head,
+    head_end,
+    parse_request,
     response_head,
 )
 
@@ -231,35 +232,29 @@ class _Connection:
                 self.front._idle.discard(scope)
         if scope.cancelled_caught or end is None:
             return None
-        if end < 0:
+        if end == HANDOFF:
             return _HANDOFF
         try:
-            head = parse_head(bytes(self.buffer[:end]))
+            head = parse_request(self.buffer, end)
         except BadRequest as exc:
             text = str(exc).encode()
             await self.write(response_head(400, [], content_length(len(text)), close=True) + text)
             self.linger = True
             return None
         if head is None:
-            return _HANDOFF
-        body_end = end + 4 + head.content_length
-        if len(self.buffer) > body_end:
-            return _HANDOFF  # pipelined requests: hypercorn's
-        del self.buffer[: end + 4]
+            return _HANDOFF  # not simple, or pipelined requests: hypercorn's
+        del self.buffer[:end]
         return head
 
     async def _read_until_head(self) -> int | None:
-        """Where the buffered head ends; -1 if the request is not one of ours; None at EOF."""
+        """Where the buffered head ends (past its blank line); ``HANDOFF`` if the request is
+        not one of ours; None at EOF."""
         start = 0
         while True:
-            if self.buffer and self.buffer[0] not in TOKEN_BYTES:
-                return -1  # not a request line (TLS, a blank line first): hypercorn's
-            end = self.buffer.find(b"\r\n\r\n", start)
-            if end > MAX_HEAD or (end < 0 and len(self.buffer) > MAX_HEAD):
-                return -1  # hypercorn's to judge
-            if end >= 0:
+            end = head_end(self.buffer, start)
+            if end is not None:
                 return end
-            start = max(0, len(self.buffer) - 3)
+            start = max(0, len(self.buffer) - 2)
             await self.receive()
             if self.eof:
                 return None
