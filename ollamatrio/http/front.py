@@ -16,8 +16,9 @@ or unusual head, requests pipelined behind the one being served), the whole conn
 handed to hypercorn's own per-connection server, the bytes already read replayed first; it
 stays there until it closes.  Hypercorn has no public API for serving a connection it did
 not accept, so :func:`serve_http` repeats ``hypercorn.trio.run.worker_serve`` (lifespan,
-worker context, shutdown trigger, graceful timeout) around its ``TCPServer``;
-``pyproject.toml`` pins the hypercorn versions this was checked against.
+worker context, shutdown trigger, graceful timeout) around its ``TCPServer``; every
+hypercorn internal that takes is in ``http/hypercorn_bridge.py``, checked by a test against
+the hypercorn versions ``pyproject.toml`` pins.
 """
 
 from __future__ import annotations
@@ -30,13 +31,6 @@ from functools import partial
 from typing import Any, Protocol
 
 import trio
-from hypercorn.config import Config
-from hypercorn.trio.lifespan import Lifespan
-from hypercorn.trio.statsd import StatsdLogger
-from hypercorn.trio.tcp_server import TCPServer
-from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
-from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
 from .asgi import ASGIApp, Exchange
 from .http1 import (
@@ -48,6 +42,17 @@ from .http1 import (
     head_end,
     parse_request,
     response_head,
+)
+from .hypercorn_bridge import (
+    AppWrapper,
+    Config,
+    LifespanState,
+    ShutdownError,
+    Worker,
+    WorkerContext,
+    bind_name,
+    serve_connection,
+    shutdown_on,
 )
 
 log = logging.getLogger(__name__)
@@ -153,9 +158,8 @@ class Front:
                 await connection.close()
         if handoff:
             self.handoffs += 1
-            state = ConnectionState(self.state.copy())
             replay = ReplayStream(stream, bytes(connection.buffer))
-            await TCPServer(self.wrapped, self.config, self.context, state, replay)  # type: ignore[arg-type]
+            await serve_connection(self.wrapped, self.config, self.context, self.state, replay)
 
     def idle(self) -> trio.CancelScope:
         """A scope for waiting on the next request: keep-alive timeout, or shutdown."""
@@ -326,15 +330,9 @@ async def serve_http(
     """Serve ``app`` (an ASGI app; a :func:`create_app` app gets the front door for its
     generation routes) as ``hypercorn.trio.serve`` does: until ``shutdown_trigger`` returns,
     then running requests get ``config.graceful_timeout`` to finish."""
-    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
-    config.set_statsd_logger_class(StatsdLogger)
-    state: LifespanState = {}
-    lifespan = Lifespan(wrapped, config, state)
-    context = WorkerContext(None)
-    front = Front(app, wrapped, stream_routes_of(app), config, context, state)
-    async with trio.open_nursery() as lifespan_nursery:
-        await lifespan_nursery.start(lifespan.handle_lifespan)
-        await lifespan.wait_for_startup()
+    worker = Worker(app, config)
+    front = Front(app, worker.wrapped, stream_routes_of(app), config, worker.context, worker.state)
+    async with worker.lifespan():
         async with trio.open_nursery() as server_nursery:
             sockets = config.create_sockets()
             assert not sockets.secure_sockets, "plain HTTP only"
@@ -344,13 +342,13 @@ async def serve_http(
             for sock in sockets.insecure_sockets:
                 sock.listen(config.backlog)
                 listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
-                binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+                binds.append(f"http://{bind_name(sock)}")
             task_status.started(binds)
             try:
                 async with trio.open_nursery() as nursery:
                     if shutdown_trigger is not None:
-                        nursery.start_soon(raise_shutdown, shutdown_trigger)
-                    nursery.start_soon(raise_shutdown, context.terminate.wait)
+                        nursery.start_soon(shutdown_on, shutdown_trigger)
+                    nursery.start_soon(worker.until_terminate)
                     nursery.start_soon(
                         partial(
                             trio.serve_listeners,
@@ -365,7 +363,5 @@ async def serve_http(
                     raise others from None
             finally:
                 front.stop()
-                await context.terminated.set()
+                await worker.terminated()
                 server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
-        await lifespan.wait_for_shutdown()
-        lifespan_nursery.cancel_scope.cancel()
