@@ -353,8 +353,8 @@ def mutate(draw: st.DrawFn, request: Request, framing_only: bool) -> None:
     elif kind == 10:
         request.header(at)[1] = draw(ODD_SEPARATOR)
     elif kind == 11:  # a line that is not a header
-        line = draw(NOT_A_HEADER)
-        request.headers.insert(at % (len(request.headers) + 1), [line, b"", b"", b"\r\n"])
+        text = draw(NOT_A_HEADER)
+        request.headers.insert(at % (len(request.headers) + 1), [text, b"", b"", b"\r\n"])
     elif kind == 12:
         name = draw(ANY_NAME)
         request.add(at, name, draw(VALUES[name]))
