@@ -354,6 +354,43 @@ async def test_ambiguous_framing_is_refused(api_server) -> None:
                     assert await client.closed()
 
 
+async def test_a_bare_lf_head_is_answered_at_once(api_server) -> None:
+    """h11 reads bare-LF line ends: such a head goes to hypercorn as soon as it is complete
+    (it used to wait for a CRLF blank line until the keep-alive timeout, 30 s)."""
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            client = await Client.open(srv.url)
+            async with client.stream:
+                with trio.fail_after(10):
+                    r = await client.exchange_raw(
+                        b"GET /api/version HTTP/1.1\nHost: %s\n\n" % client.host
+                    )
+                assert (r.status, r.by_front_door) == (200, False)
+                assert "version" in json.loads(r.body)
+            client = await Client.open(srv.url)
+            async with client.stream:
+                with trio.fail_after(10):
+                    r = await client.exchange_raw(
+                        b"GET /api/version HTTP/1.1\r\nHost: %s\r\n\n" % client.host
+                    )
+                assert (r.status, r.by_front_door) == (200, False)
+
+
+async def test_what_h11_refuses_is_not_served_here(api_server) -> None:
+    """Two Host headers: h11 (hypercorn) answers 400, so the front door does not serve it."""
+    with trio.fail_after(30):
+        async with api_server() as srv:
+            for eol in (b"\r\n", b"\n"):
+                client = await Client.open(srv.url)
+                async with client.stream:
+                    with trio.fail_after(10):
+                        r = await client.exchange_raw(
+                            b"GET /api/version HTTP/1.1%sHost: a%sHost: b%s%s"
+                            % (eol, eol, eol, eol)
+                        )
+                    assert (r.status, r.by_front_door) == (400, False)
+
+
 async def test_bad_json_and_connection_close(api_server) -> None:
     with trio.fail_after(30):
         async with api_server() as srv:

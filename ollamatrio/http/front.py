@@ -16,8 +16,9 @@ or unusual head, requests pipelined behind the one being served), the whole conn
 handed to hypercorn's own per-connection server, the bytes already read replayed first; it
 stays there until it closes.  Hypercorn has no public API for serving a connection it did
 not accept, so :func:`serve_http` repeats ``hypercorn.trio.run.worker_serve`` (lifespan,
-worker context, shutdown trigger, graceful timeout) around its ``TCPServer``;
-``pyproject.toml`` pins the hypercorn versions this was checked against.
+worker context, shutdown trigger, graceful timeout) around its ``TCPServer``; every
+hypercorn internal that takes is in ``http/hypercorn_bridge.py``, checked by a test against
+the hypercorn versions ``pyproject.toml`` pins.
 """
 
 from __future__ import annotations
@@ -30,24 +31,29 @@ from functools import partial
 from typing import Any, Protocol
 
 import trio
-from hypercorn.config import Config
-from hypercorn.trio.lifespan import Lifespan
-from hypercorn.trio.statsd import StatsdLogger
-from hypercorn.trio.tcp_server import TCPServer
-from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
-from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
 from .asgi import ASGIApp, Exchange
 from .budget import ConnectionBudget, default_cap, open_file_limit, refuse
 from .http1 import (
+    HANDOFF,
     MAX_HEAD,
-    TOKEN_BYTES,
     BadRequest,
     Head,
     content_length,
-    parse_head,
+    head_end,
+    parse_request,
     response_head,
+)
+from .hypercorn_bridge import (
+    AppWrapper,
+    Config,
+    LifespanState,
+    ShutdownError,
+    Worker,
+    WorkerContext,
+    bind_name,
+    serve_connection,
+    shutdown_on,
 )
 
 log = logging.getLogger(__name__)
@@ -163,9 +169,8 @@ class Front:
                 await connection.close()
         if handoff:
             self.handoffs += 1
-            state = ConnectionState(self.state.copy())
             replay = ReplayStream(stream, bytes(connection.buffer))
-            await TCPServer(self.wrapped, self.config, self.context, state, replay)  # type: ignore[arg-type]
+            await serve_connection(self.wrapped, self.config, self.context, self.state, replay)
 
     def idle(self) -> trio.CancelScope:
         """A scope for waiting on the next request: keep-alive timeout, or shutdown."""
@@ -239,35 +244,29 @@ class _Connection:
         # Cancelled (timeout, shutdown, or closed to make room) even if a head came in.
         if scope.cancel_called or end is None:
             return None
-        if end < 0:
+        if end == HANDOFF:
             return _HANDOFF
         try:
-            head = parse_head(bytes(self.buffer[:end]))
+            head = parse_request(self.buffer, end)
         except BadRequest as exc:
             text = str(exc).encode()
             await self.write(response_head(400, [], content_length(len(text)), close=True) + text)
             self.linger = True
             return None
         if head is None:
-            return _HANDOFF
-        body_end = end + 4 + head.content_length
-        if len(self.buffer) > body_end:
-            return _HANDOFF  # pipelined requests: hypercorn's
-        del self.buffer[: end + 4]
+            return _HANDOFF  # not simple, or pipelined requests: hypercorn's
+        del self.buffer[:end]
         return head
 
     async def _read_until_head(self) -> int | None:
-        """Where the buffered head ends; -1 if the request is not one of ours; None at EOF."""
+        """Where the buffered head ends (past its blank line); ``HANDOFF`` if the request is
+        not one of ours; None at EOF."""
         start = 0
         while True:
-            if self.buffer and self.buffer[0] not in TOKEN_BYTES:
-                return -1  # not a request line (TLS, a blank line first): hypercorn's
-            end = self.buffer.find(b"\r\n\r\n", start)
-            if end > MAX_HEAD or (end < 0 and len(self.buffer) > MAX_HEAD):
-                return -1  # hypercorn's to judge
-            if end >= 0:
+            end = head_end(self.buffer, start)
+            if end is not None:
                 return end
-            start = max(0, len(self.buffer) - 3)
+            start = max(0, len(self.buffer) - 2)
             await self.receive()
             if self.eof:
                 return None
@@ -342,15 +341,11 @@ async def serve_http(
     generation routes) as ``hypercorn.trio.serve`` does: until ``shutdown_trigger`` returns,
     then running requests get ``config.graceful_timeout`` to finish.  ``budget`` caps the
     client connections held at once (default: from the open file limit, ``http/budget.py``)."""
-    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
-    config.set_statsd_logger_class(StatsdLogger)
-    state: LifespanState = {}
-    lifespan = Lifespan(wrapped, config, state)
-    context = WorkerContext(None)
-    front = Front(app, wrapped, stream_routes_of(app), config, context, state, budget)
-    async with trio.open_nursery() as lifespan_nursery:
-        await lifespan_nursery.start(lifespan.handle_lifespan)
-        await lifespan.wait_for_startup()
+    worker = Worker(app, config)
+    front = Front(
+        app, worker.wrapped, stream_routes_of(app), config, worker.context, worker.state, budget
+    )
+    async with worker.lifespan():
         async with trio.open_nursery() as server_nursery:
             sockets = config.create_sockets()
             assert not sockets.secure_sockets, "plain HTTP only"
@@ -360,13 +355,13 @@ async def serve_http(
             for sock in sockets.insecure_sockets:
                 sock.listen(config.backlog)
                 listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
-                binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+                binds.append(f"http://{bind_name(sock)}")
             task_status.started(binds)
             try:
                 async with trio.open_nursery() as nursery:
                     if shutdown_trigger is not None:
-                        nursery.start_soon(raise_shutdown, shutdown_trigger)
-                    nursery.start_soon(raise_shutdown, context.terminate.wait)
+                        nursery.start_soon(shutdown_on, shutdown_trigger)
+                    nursery.start_soon(worker.until_terminate)
                     nursery.start_soon(
                         partial(
                             trio.serve_listeners,
@@ -381,7 +376,5 @@ async def serve_http(
                     raise others from None
             finally:
                 front.stop()
-                await context.terminated.set()
+                await worker.terminated()
                 server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
-        await lifespan.wait_for_shutdown()
-        lifespan_nursery.cancel_scope.cancel()

@@ -1,11 +1,15 @@
 """The slice of HTTP/1.1 the front door speaks itself: strict request heads, response heads and
 chunk framing.
 
-Strict means that anything unusual is *not ours*: :func:`parse_head` returns None and the
-connection goes to hypercorn, which knows the whole protocol (and its error answers).  Only
-two things are refused here, because handing them on could make two parsers disagree about
-where a request ends: a ``Content-Length`` that is not one plain number, and a
-``Content-Length`` together with a ``Transfer-Encoding``.
+Strict means that anything unusual is *not ours*: :func:`head_end` or :func:`parse_request`
+says so and the connection goes to hypercorn, which knows the whole protocol (h11, and its
+error answers).  Only two things are refused here, because handing them on could make two
+parsers disagree about where a request ends: a ``Content-Length`` that is not one plain
+number, and a ``Content-Length`` together with a ``Transfer-Encoding``.
+
+Whatever the front door serves, h11 would have read the same way: the same method, target and
+headers, and the same body length, so the next request starts at the same byte (a
+property-based test compares the two over generated heads, ``tests/test_http1_differential.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ MAX_HEAD = 16 * 1024  # bytes, as hypercorn's h11_max_incomplete_size
 MAX_HEADERS = 100
 _MAX_LENGTH_DIGITS = 18  # a Content-Length longer than this is no body we would read
 
+# Where h11 ends a head: the first blank line, CRLF or bare LF line ends alike.
+_BLANK_LINE = re.compile(rb"\n\r?\n")
+HANDOFF = -1  # head_end(): the connection is hypercorn's
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _TARGET = re.compile(rb"/[\x21-\x7e]*")  # origin form, printable ASCII (hypercorn decodes it)
@@ -44,6 +51,37 @@ class Head:
     expect_continue: bool  # the client waits for "100 Continue" before it sends the body
 
 
+def head_end(buffer: bytes | bytearray, start: int = 0) -> int | None:
+    """Where the request head at the start of ``buffer`` ends, as h11 would find it: the index
+    just past its blank line; None while it is incomplete (search again from ``start``, two
+    bytes before the old end, when more has come); :data:`HANDOFF` if the connection is not
+    ours: not a request line (TLS, a blank line first), a head over :data:`MAX_HEAD`, or
+    bare-LF line ends (h11 reads them; hypercorn answers at once)."""
+    if buffer and buffer[0] not in TOKEN_BYTES:
+        return HANDOFF
+    match = _BLANK_LINE.search(buffer, start)
+    if match is None:
+        return HANDOFF if len(buffer) > MAX_HEAD else None
+    blank = match.start() - 1  # where "\r\n\r\n" starts, if that is what it is
+    if blank > MAX_HEAD or match.end() - blank != 4 or buffer[blank] != 0x0D:
+        return HANDOFF
+    return match.end()
+
+
+def parse_request(buffer: bytes | bytearray, end: int) -> Head | None:
+    """The request whose head ends at ``end`` (:func:`head_end`) in ``buffer`` if the front
+    door serves it; None if it is hypercorn's: not simple (:func:`parse_head`), or more bytes
+    behind it than its body (pipelined requests).
+
+    Raises:
+        BadRequest: as :func:`parse_head`.
+    """
+    head = parse_head(bytes(buffer[: end - 4]))
+    if head is not None and len(buffer) > end + head.content_length:
+        return None
+    return head
+
+
 def parse_head(raw: bytes) -> Head | None:
     """``raw`` (up to, not including, the blank line) as a request over HTTP/1.1 with an
     origin-form target and a ``Content-Length`` body (or none); None for anything else.
@@ -58,6 +96,9 @@ def parse_head(raw: bytes) -> Head | None:
     method, target, version = request_line
     if version != b"HTTP/1.1" or not _TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
         return None
+    method = method.upper()
+    if method == b"CONNECT":
+        return None  # h11 waits for the answer: a tunnel after a 2xx
     headers = []
     length: bytes | None = None
     chunked = close = host = expect_continue = False
@@ -85,6 +126,8 @@ def parse_head(raw: bytes) -> Head | None:
                 return None
             close = close or b"close" in tokens
         elif name == b"host":
+            if host:
+                return None  # h11 refuses two: hypercorn answers 400
             host = True
         headers.append((name, value))
     if chunked:
@@ -93,9 +136,7 @@ def parse_head(raw: bytes) -> Head | None:
         return None  # a chunked request body: hypercorn's
     if not host:
         return None  # HTTP/1.1 requires it; hypercorn says so
-    return Head(
-        method.decode("ascii").upper(), target, headers, int(length or 0), close, expect_continue
-    )
+    return Head(method.decode("ascii"), target, headers, int(length or 0), close, expect_continue)
 
 
 class _Date:

@@ -1,0 +1,120 @@
+"""Every piece of hypercorn's internals the front door (``http/front.py``) uses, in one place.
+
+Hypercorn has no public API for serving a connection it did not accept, so the front door
+repeats what ``hypercorn.trio.run.worker_serve`` sets up around its per-connection server
+(``TCPServer``): the app wrapper, the lifespan and its state, the worker context, the
+shutdown trigger.  None of that is public, and any hypercorn release may change it; so it is
+all here, behind a narrow API, and ``tests/test_hypercorn_bridge.py`` checks the installed
+hypercorn against :data:`INTERNALS` (every name this module uses, with the parameters it
+passes) and against the versions ``pyproject.toml`` pins.  A hypercorn that fails that test
+changed its internals: re-check this module against its ``trio/run.py`` before widening the
+pin.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.statsd import StatsdLogger
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
+from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
+
+__all__ = [
+    "INTERNALS",
+    "AppWrapper",
+    "Config",
+    "LifespanState",
+    "ShutdownError",
+    "Worker",
+    "WorkerContext",
+    "bind_name",
+    "serve_connection",
+    "shutdown_on",
+]
+
+# What this module relies on: "module:name" -> the parameters it passes (a callable's, in
+# order, ``self`` left out), or None for a name that must only exist (a type, an exception).
+# Attributes of instances are checked by the test on real ones.
+INTERNALS: dict[str, tuple[str, ...] | None] = {
+    "hypercorn.trio.tcp_server:TCPServer": ("app", "config", "context", "state", "stream"),
+    "hypercorn.trio.worker_context:WorkerContext": ("max_requests",),
+    "hypercorn.trio.lifespan:Lifespan": ("app", "config", "state"),
+    "hypercorn.trio.lifespan:Lifespan.handle_lifespan": ("task_status",),
+    "hypercorn.trio.lifespan:Lifespan.wait_for_startup": (),
+    "hypercorn.trio.lifespan:Lifespan.wait_for_shutdown": (),
+    "hypercorn.trio.statsd:StatsdLogger": None,
+    "hypercorn.config:Config.set_statsd_logger_class": ("statsd_logger",),
+    "hypercorn.utils:wrap_app": ("app", "wsgi_max_body_size", "mode"),
+    "hypercorn.utils:raise_shutdown": ("shutdown_event",),
+    "hypercorn.utils:repr_socket_addr": ("family", "address"),
+    "hypercorn.utils:ShutdownError": None,
+    "hypercorn.typing:AppWrapper": None,
+    "hypercorn.typing:ConnectionState": None,
+    "hypercorn.typing:LifespanState": None,
+}
+
+
+class Worker:
+    """What ``worker_serve`` sets up for one server: the wrapped app (for hypercorn's
+    connections), the lifespan and its state (copied into every connection's scope), and the
+    worker context, whose ``terminate`` asks the server to stop and whose ``terminated`` tells
+    hypercorn's connections that it has."""
+
+    def __init__(self, app: Any, config: Config) -> None:
+        self.config = config
+        self.wrapped: AppWrapper = wrap_app(app, config.wsgi_max_body_size, "asgi")
+        config.set_statsd_logger_class(StatsdLogger)
+        self.state: LifespanState = {}
+        self._lifespan = Lifespan(self.wrapped, config, self.state)
+        self.context = WorkerContext(None)
+
+    @asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        """The app's lifespan around the body: started up on entry, shut down when the body
+        ends without an error (as ``worker_serve``)."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._lifespan.handle_lifespan)
+            await self._lifespan.wait_for_startup()
+            yield
+            await self._lifespan.wait_for_shutdown()
+            nursery.cancel_scope.cancel()
+
+    async def until_terminate(self) -> None:
+        """Raise :class:`ShutdownError` when the worker context asks the server to stop."""
+        await raise_shutdown(self.context.terminate.wait)
+
+    async def terminated(self) -> None:
+        """Tell hypercorn's connections that the server is stopping (they close when idle)."""
+        await self.context.terminated.set()
+
+
+async def shutdown_on(trigger: Callable[..., Awaitable[None]]) -> None:
+    """Raise :class:`ShutdownError` when ``trigger`` returns."""
+    await raise_shutdown(trigger)
+
+
+async def serve_connection(
+    app: AppWrapper,
+    config: Config,
+    context: WorkerContext,
+    state: LifespanState,
+    stream: trio.abc.HalfCloseableStream,
+) -> None:
+    """Hypercorn's per-connection server (HTTP/1.1 on h11, or h2 by prior knowledge) on a
+    connection accepted elsewhere, until it closes.  ``stream`` needs ``receive_some``,
+    ``send_all``, ``send_eof``, ``aclose`` and a ``socket`` attribute; it is no TLS stream
+    (``TCPServer`` tells them apart by the missing ``do_handshake``)."""
+    await TCPServer(app, config, context, ConnectionState(state.copy()), stream)  # type: ignore[arg-type]
+
+
+def bind_name(sock: socket.socket) -> str:
+    """A listening socket's address as hypercorn prints it (``127.0.0.1:11434``)."""
+    return repr_socket_addr(sock.family, sock.getsockname())
