@@ -1,10 +1,8 @@
-"""The Quart-Trio application: routes, the DNS-rebinding guard, CORS, and error bodies."""
+"""The Quart-Trio application: routes, the DNS-rebinding guard and CORS applied, error bodies."""
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import socket
 from typing import Any
 
 from quart import Response, request
@@ -12,10 +10,11 @@ from quart.ctx import RequestContext
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from ..config import Settings, split_host_port
+from ..config import Settings
 from ..errors import ServerShuttingDownError
 from ..http.cors import CorsAnswer, OriginPolicy, cors_answer
 from ..http.drain import Drain
+from ..http.host_guard import allowed_host, is_loopback_bind
 from ..observability.events import EventsRoute
 from ..observability.metrics import CONTENT_TYPE, OTHER_ENDPOINT, ServerMetrics
 from ..scheduler import Scheduler
@@ -27,36 +26,6 @@ from .openai import OpenAiApi, openai_error_response
 from .routes import GenerationRoutes
 
 log = logging.getLogger(__name__)
-
-_LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
-
-
-def is_loopback_bind(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def allowed_host(header: str) -> bool:
-    """Ollama's ``allowedHostsMiddleware`` for a server bound to loopback: local names and
-    private, loopback or unspecified addresses pass; anything else is a rebinding attempt."""
-    try:
-        host, _ = split_host_port(header)
-    except ValueError:
-        host = header
-    host = host.strip("[]").lower()
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        pass
-    else:
-        return ip.is_loopback or ip.is_private or ip.is_unspecified
-    if host in ("", "localhost") or host == socket.gethostname().lower():
-        return True
-    return host.endswith(_LOCAL_SUFFIXES)
 
 
 class _App(QuartTrio):
