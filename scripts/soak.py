@@ -23,6 +23,12 @@ of the run), runner processes left after shutdown, and ``ollamatrio-runner-*`` f
 in the temp directory.  Exits 1 on any hang, undesigned 5xx (anything but 503 "server
 busy"), in-stream error, transport error, overdue expiry, leaked runner or leftover folder.
 
+``--hostile N`` runs N raw-socket hostile clients beside the normal ones for as long as they
+run (``ollamatrio.testing.hostile``: stalled bodies, half-closes, HTTP/1.0 streams, HTTP/2
+prefaces and h2c upgrades, duplicate and malformed ``Host`` headers, wrong-digest uploads),
+with the server's body-read timeout at ``--body-timeout``; every probe must be answered as
+designed, and the normal clients' counts stay as above.
+
 ``--tracemalloc N`` runs the server under ``tracemalloc`` (N frames) and writes snapshots
 after 0 %, 50 % and 100 % of the requests; the script prints the allocation sites that grew
 most in each half.  For finding a leak only: tracing slows the server, and taking a snapshot
@@ -57,6 +63,7 @@ import trio
 
 from ollamatrio.store import ModelStore, import_gguf
 from ollamatrio.testing import write_tiny_gguf
+from ollamatrio.testing.hostile import Hostile, run_hostile
 from ollamatrio.testing.soak import (
     MIX,
     OUTCOMES,
@@ -68,6 +75,7 @@ from ollamatrio.testing.soak import (
 )
 
 OVERDUE_GRACE = 3.0  # seconds a model may stay listed past its expires_at
+BODY_TIMEOUT_ENV = "OLLAMATRIO_BODY_TIMEOUT"
 
 
 @dataclass
@@ -140,6 +148,8 @@ def server_env(args: argparse.Namespace, root: Path, port: int) -> dict[str, str
         OLLAMA_NUM_PARALLEL=str(args.num_parallel),
         TMPDIR=str(root / "tmp"),
     )
+    if args.hostile:
+        env[BODY_TIMEOUT_ENV] = f"{args.body_timeout:g}s"
     for item in args.server_env:
         key, _, value = item.partition("=")
         env[key] = value
@@ -237,12 +247,25 @@ async def check_expiry(url: str, wait: float) -> tuple[list[str], list[str]]:
     return sorted(overdue), errors
 
 
-async def drive(soak: Soak, watch: Watch, args: argparse.Namespace) -> tuple[list[str], ...]:
+async def drive(
+    soak: Soak, watch: Watch, args: argparse.Namespace, hostile: Hostile | None
+) -> tuple[list[str], ...]:
     await watch.snapshot("start")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(monitor, soak, watch, 0.5)
         nursery.start_soon(progress, soak, watch, args.progress)
-        await run_clients(soak)
+        if hostile is None:
+            await run_clients(soak)
+        else:
+            # Hostile clients run for as long as the normal ones; their probes in flight
+            # then finish (each is bounded) before the expiry watch.
+            stop = trio.Event()
+            async with trio.open_nursery() as traffic:
+                traffic.start_soon(
+                    run_hostile, hostile, args.hostile, args.seed, stop, args.requests
+                )
+                await run_clients(soak)
+                stop.set()
         try:
             result = await check_expiry(soak.url, args.expiry_wait)
         except httpx.TransportError as exc:
@@ -310,9 +333,28 @@ def print_tracemalloc(folder: Path, top: int = 15) -> None:
             print(f"  {stat.size_diff / 2**10:+8.1f} KiB {stat.count_diff:+6d} blocks  {where}")
 
 
-def report(soak: Soak, watch: Watch, extra: dict[str, Any]) -> bool:
+def print_hostile(hostile: Hostile) -> int:
+    """The hostile probes by kind; returns how many were not answered as designed."""
+    by_kind: dict[str, list[Any]] = defaultdict(list)
+    for probe in hostile.probes:
+        by_kind[probe.kind].append(probe)
+    print("\nhostile probes: kind, count, as designed, answers seen, p50 / max seconds")
+    bad = 0
+    for kind in sorted(by_kind):
+        probes = by_kind[kind]
+        good = sum(p.as_designed for p in probes)
+        bad += len(probes) - good
+        seen = Counter(p.seen for p in probes).most_common(4)
+        times = sorted(p.seconds for p in probes)
+        print(f"  {kind:16} {len(probes):5} {good:5}  {dict(seen)}  "
+              f"{percentile(times, 0.5):.2f} / {times[-1]:.2f}")  # fmt: skip
+    return bad
+
+
+def report(soak: Soak, watch: Watch, extra: dict[str, Any], hostile: Hostile | None) -> bool:
     print()
     print_table(soak.results)
+    hostile_bad = print_hostile(hostile) if hostile is not None else 0
     for label, kind in (("5xx", "5xx"), ("4xx", "4xx"), ("in-stream errors", "stream_error"),
                         ("transport errors", "transport")):  # fmt: skip
         messages = Counter((r.status, r.message) for r in soak.results if r.outcome == kind)
@@ -342,6 +384,7 @@ def report(soak: Soak, watch: Watch, extra: dict[str, Any]) -> bool:
         "leaked runners": len(extra["leaked runner processes"]),
         "leftover folders": len(extra["leftover runner folders"]),
         "server killed": int(extra["server stop"] != "SIGTERM"),
+        "hostile probes not answered as designed": hostile_bad,
     }
     bad = {k: v for k, v in failures.items() if v}
     print("RESULT:", "PASS" if not bad else f"FAIL {bad}")
@@ -399,6 +442,22 @@ def parse_args() -> argparse.Namespace:
         default=0,
         metavar="FRAMES",
         help="trace the server's allocations and print the sites that grew",
+    )
+    p.add_argument(
+        "--hostile",
+        type=int,
+        default=0,
+        metavar="WORKERS",
+        help="raw-socket hostile clients beside the normal ones (ollamatrio.testing.hostile)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=3.0,
+        help="the server's body-read timeout with --hostile (seconds; slow bodies wait it out)",
+    )
+    p.add_argument(
+        "--upload-mib", type=int, default=32, help="size of the hostile wrong-digest upload"
     )
     p.add_argument("--traced-server", metavar="FOLDER", help=argparse.SUPPRESS)
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
@@ -463,8 +522,12 @@ def main() -> int:
             on_hang=lambda r: print(f"  hang: {r.endpoint} model={r.model} stream={r.stream} "
                                     f"keep_alive={r.keep_alive!r}", flush=True),
         )  # fmt: skip
+        hostile = None
+        if args.hostile:
+            hostile = Hostile("127.0.0.1", port, models[0], args.body_timeout,
+                              upload_bytes=args.upload_mib << 20)  # fmt: skip
         started = time.monotonic()
-        overdue, ps_errors = trio.run(drive, soak, watch, args)
+        overdue, ps_errors = trio.run(drive, soak, watch, args, hostile)
         elapsed = time.monotonic() - started
         if proc.poll() is not None:
             raise SystemExit(f"the server exited during the run (status {proc.returncode})")
@@ -487,7 +550,7 @@ def main() -> int:
             "/api/ps errors after the run": ps_errors,
             "tracebacks in the server log": log_text.count("Traceback"),
         }
-        ok = report(soak, watch, extra)
+        ok = report(soak, watch, extra, hostile)
     finally:
         if proc.poll() is None:
             proc.kill()
