@@ -78,7 +78,7 @@ class ChatLines(GenerateLines):
         if chunk.thinking:
             message["thinking"] = chunk.thinking
         if chunk.tool_calls:
-            message["tool_calls"] = [dict(call) for call in chunk.tool_calls]
+            message["tool_calls"] = [call.to_ollama() for call in chunk.tool_calls]
         return {"message": message}
 
     @staticmethod
