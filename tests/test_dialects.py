@@ -12,7 +12,7 @@ import pytest
 
 from ollamatrio.api import native_wire
 from ollamatrio.api import openai_wire as oai
-from ollamatrio.api.native_stream import ChatLines
+from ollamatrio.api.native_stream import ChatLines, GenerateLines
 from ollamatrio.api.openai_stream import ChatEvents
 from ollamatrio.api.pipeline import Embedded
 from ollamatrio.errors import InvalidRequestError
@@ -422,3 +422,15 @@ def test_streamed_tool_calls_are_written_in_each_dialects_shape() -> None:
         {"id": delta["tool_calls"][1]["id"], "index": 1, "type": "function",
          "function": {"name": "g", "arguments": "{x"}},
     ]  # fmt: skip
+
+
+def test_native_load_lines_are_shaped_like_their_streams_lines() -> None:
+    for lines, body in [
+        (GenerateLines("m"), b'"response":""'),
+        (ChatLines("m"), b'"message":{"role":"assistant","content":""}'),
+    ]:
+        line = lines.load_line(1, 2)
+        assert line.startswith(b'{"model":"m","created_at":"')
+        stamp, rest = line.removeprefix(b'{"model":"m","created_at":"').split(b'",', 1)
+        assert stamp.endswith(b"Z") or b"+" in stamp or b"-" in stamp[10:]
+        assert rest == body + b',"done":false,"load_progress":{"completed":1,"total":2}}\n'
