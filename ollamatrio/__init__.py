@@ -23,6 +23,8 @@ _EXPORTS = {
     "run_server": "ollamatrio.serve",
     "CompletionRequest": "ollamatrio.types",
     "Chunk": "ollamatrio.types",
+    "Message": "ollamatrio.types",
+    "ToolCall": "ollamatrio.types",
     "OllamatrioError": "ollamatrio.errors",
     "InvalidRequestError": "ollamatrio.errors",
     "ModelNotFoundError": "ollamatrio.errors",

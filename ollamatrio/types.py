@@ -1,5 +1,5 @@
 """Records shared across the layers: what a load is, what memory a model uses, what one
-completion asks for and what it yields.
+completion asks for (its messages and tool calls typed) and what it yields.
 
 A leaf module: it imports nothing of the project, so the runner child, the fact modules, the
 engines, the scheduler and every API dialect can share these records without importing each
@@ -52,16 +52,109 @@ class MemoryUsage:
         return sum(self.vram_by_gpu.values())
 
 
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call, asked for by the model (an answer) or shown to it (history).
+
+    ``arguments`` is an object; a string only where a model wrote arguments that are not
+    JSON (they are passed on as written)."""
+
+    name: str
+    arguments: Mapping[str, Any] | str = field(default_factory=dict)
+    id: str = ""  # the call's id, when the model or the client gave one
+    index: int = 0  # position among the calls of one message (Ollama's function.index)
+
+    @classmethod
+    def from_ollama(cls, call: Mapping[str, Any]) -> ToolCall:
+        """A call in Ollama's JSON shape (``{"function": {"name", "arguments", "index"?},
+        "id"?}``), read leniently: a stored model's messages are not checked requests."""
+        function = call.get("function")
+        if not isinstance(function, Mapping):
+            function = {}
+        arguments = function.get("arguments")
+        index = function.get("index")
+        return cls(
+            name=_text(function.get("name")),
+            arguments=arguments if isinstance(arguments, Mapping | str) else {},
+            id=_text(call.get("id")),
+            index=index if isinstance(index, int) and not isinstance(index, bool) else 0,
+        )
+
+    def to_ollama(self) -> dict[str, Any]:
+        """Ollama's JSON shape, zero fields left out (native answers, Go templates)."""
+        function: dict[str, Any] = {"name": self.name, "arguments": self.arguments}
+        if self.index:
+            function["index"] = self.index
+        out: dict[str, Any] = {"function": function}
+        if self.id:
+            out["id"] = self.id
+        return out
+
+
+@dataclass(frozen=True)
+class Message:
+    """One turn of a conversation."""
+
+    role: str  # "system", "user", "assistant", "tool", or another role a template knows
+    content: str = ""
+    thinking: str = ""  # an assistant's earlier reasoning
+    images: tuple[str, ...] = ()  # base64
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_name: str = ""  # a tool result: the function it answers
+    tool_call_id: str = ""  # a tool result: the call it answers
+
+    @classmethod
+    def from_ollama(cls, message: Mapping[str, Any]) -> Message:
+        """Ollama's ``api.Message`` JSON (a stored model's ``messages`` layer), read
+        leniently: fields of the wrong type read as empty."""
+        images = message.get("images")
+        calls = message.get("tool_calls")
+        return cls(
+            role=_text(message.get("role")),
+            content=_text(message.get("content")),
+            thinking=_text(message.get("thinking")),
+            images=tuple(i for i in images if isinstance(i, str))
+            if isinstance(images, list | tuple)
+            else (),
+            tool_calls=tuple(ToolCall.from_ollama(c) for c in calls if isinstance(c, Mapping))
+            if isinstance(calls, list | tuple)
+            else (),
+            tool_name=_text(message.get("tool_name")),
+            tool_call_id=_text(message.get("tool_call_id")),
+        )
+
+    def to_ollama(self) -> dict[str, Any]:
+        """Ollama's ``api.Message`` JSON, empty fields left out (what the Go templates
+        read)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.thinking:
+            out["thinking"] = self.thinking
+        if self.images:
+            out["images"] = list(self.images)
+        if self.tool_calls:
+            out["tool_calls"] = [call.to_ollama() for call in self.tool_calls]
+        if self.tool_name:
+            out["tool_name"] = self.tool_name
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
 @dataclass(frozen=True)
 class CompletionRequest:
     """One generation request in Ollama's terms; engines translate it for llama.cpp.
 
     Exactly one of ``prompt`` (sent as is, already templated or raw) and ``messages``
-    (rendered with the model's chat template by llama.cpp) is set.
+    (rendered with the model's chat template by llama.cpp) is set.  Messages stay typed up
+    to the engine, which writes them in its own wire format.
     """
 
     prompt: str | None = None
-    messages: Sequence[Mapping[str, Any]] | None = None
+    messages: Sequence[Message] | None = None
     suffix: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)  # Ollama sampling options
     format: str | Mapping[str, Any] | None = None  # "json" or a JSON schema
@@ -86,7 +179,7 @@ class Chunk:
 
     content: str = ""
     thinking: str = ""
-    tool_calls: Sequence[Mapping[str, Any]] = ()
+    tool_calls: Sequence[ToolCall] = ()  # the calls the model asked for
     # Ollama's logprobs of the tokens in this piece: {token, logprob, bytes, top_logprobs?}
     logprobs: Sequence[Mapping[str, Any]] = ()
     done: bool = False

@@ -134,7 +134,8 @@ async def test_lone_surrogates_reach_the_engine_as_replacement_characters(api_se
                 r = await c.post(path, content=json.dumps({**body, "stream": False}))
                 assert r.status_code == 200, (path, r.text)
                 sent = engines.requests[-1]
-                text = json.dumps([sent.prompt, sent.messages], ensure_ascii=False)
+                messages = [m.to_ollama() for m in sent.messages or ()]
+                text = json.dumps([sent.prompt, messages], ensure_ascii=False)
                 assert "\ufffd" in text
                 text.encode()  # no surrogate left anywhere
             for path, body in [

@@ -575,16 +575,16 @@ async def test_requests_reach_the_engine_as_ollama_builds_them(api_server, tiny_
             })  # fmt: skip
             chat = engines.requests[-1]
             assert chat.prompt is None
-            assert [m["role"] for m in chat.messages] == ["system", "user", "assistant", "user"]
-            assert chat.messages[0]["content"] == "You are terse."
+            assert [m.role for m in chat.messages] == ["system", "user", "assistant", "user"]
+            assert chat.messages[0].content == "You are terse."
             assert (chat.format, list(chat.tools), chat.think) == (schema, [tool], "high")
             assert chat.options == {"temperature": 0.5, "top_k": 3}
 
             await c.post("/api/generate", json={"model": "persona", "prompt": "p",
                                                 "system": "override", "stream": False})  # fmt: skip
             gen = engines.requests[-1]
-            assert [m["role"] for m in gen.messages] == ["system", "user", "assistant", "user"]
-            assert gen.messages[0]["content"] == "override"
+            assert [m.role for m in gen.messages] == ["system", "user", "assistant", "user"]
+            assert gen.messages[0].content == "override"
             assert gen.options == {"temperature": 0.1}
 
             await c.post("/api/generate", json={"model": "persona", "prompt": "<raw>",

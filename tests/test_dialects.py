@@ -12,6 +12,8 @@ import pytest
 
 from ollamatrio.api import native_wire
 from ollamatrio.api import openai_wire as oai
+from ollamatrio.api.native_stream import ChatLines, GenerateLines
+from ollamatrio.api.openai_stream import ChatEvents
 from ollamatrio.api.pipeline import Embedded
 from ollamatrio.errors import InvalidRequestError
 from ollamatrio.generation.answer import Answer, Fold
@@ -233,7 +235,7 @@ def test_the_fold_keeps_every_part_of_a_generation() -> None:
     gen: Any = SimpleNamespace(final=final, timings=lambda chunk: TIMINGS)  # a stand-in
     fold = Fold()
     fold.add([Chunk(content="Hel", thinking="hm", logprobs=[LOGPROB]), Chunk(content="lo")])
-    fold.add([Chunk(tool_calls=[{"function": {"name": "f", "arguments": {"a": 1}}, "id": "c"}])])
+    fold.add([Chunk(tool_calls=[ToolCall("f", {"a": 1}, id="c")])])
     fold.add([final])
     assert fold.answer(gen) == Answer(
         content="Hello", thinking="hm", tool_calls=(ToolCall("f", {"a": 1}, id="c"),),
@@ -321,7 +323,7 @@ def _model(**fields: Any) -> Any:
     )
 
 
-def test_a_chat_reaches_the_engine_as_ollama_messages() -> None:
+def test_a_chat_reaches_the_engine_as_typed_messages() -> None:
     req = ChatRequest(
         model="m",
         messages=(
@@ -336,13 +338,10 @@ def test_a_chat_reaches_the_engine_as_ollama_messages() -> None:
     completion = chat_completion(req, model, _info("jinja"), {"seed": 1})
     assert completion.prompt is None
     assert completion.messages == [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "earlier"},
-        {"role": "user", "content": "look", "images": [PNG]},
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}, "id": "c1"}]},
-        {"role": "tool", "content": "42", "tool_name": "f", "tool_call_id": "c1"},
-    ]  # fmt: skip
+        Message("system", "be brief"),
+        Message("user", "earlier"),
+        *req.messages,
+    ]
     assert (completion.tools, completion.format, completion.think) == ([TOOL], "json", "high")
     assert (completion.logprobs, completion.top_logprobs, completion.truncate) == (True, 2, False)
     assert completion.options == {"seed": 1}
@@ -354,10 +353,7 @@ def test_a_generate_request_reaches_the_engine() -> None:
         model="m", prompt="p", system="s", images=(PNG,), context=(4,), format="json"
     )
     completion = generate_completion(req, _model(), _info("j"), {})
-    assert completion.messages == [
-        {"role": "system", "content": "s"},
-        {"role": "user", "content": "p", "images": [PNG]},
-    ]
+    assert completion.messages == [Message("system", "s"), Message("user", "p", images=(PNG,))]
     assert (completion.context, completion.return_context, completion.format) == (
         (4,), True, "json",
     )  # fmt: skip
@@ -372,3 +368,69 @@ def test_the_records_are_frozen() -> None:
     with pytest.raises(AttributeError):
         Message("user").content = "x"  # type: ignore[misc]
     assert json.dumps(ToolCall("f").to_ollama()) == '{"function": {"name": "f", "arguments": {}}}'
+
+
+def test_stored_messages_are_read_leniently_and_round_trip() -> None:
+    stored = {
+        "role": "assistant", "content": "sure", "thinking": "hm", "images": [PNG],
+        "tool_calls": [{"function": {"index": 1, "name": "f", "arguments": {"a": 1}}, "id": "c"}],
+        "tool_name": "", "tool_call_id": "",
+    }  # fmt: skip
+    message = Message.from_ollama(stored)
+    assert message == Message(
+        "assistant", "sure", thinking="hm", images=(PNG,),
+        tool_calls=(ToolCall("f", {"a": 1}, id="c", index=1),),
+    )  # fmt: skip
+    assert Message.from_ollama(message.to_ollama()) == message
+    odd = {"role": 1, "content": None, "images": "x", "tool_calls": [3, {"function": "f"}]}
+    assert Message.from_ollama(odd) == Message("", tool_calls=(ToolCall(""),))
+
+
+def test_a_go_template_sees_every_field_of_the_typed_messages() -> None:
+    template = (
+        "{{- range .Messages }}[{{ .Role }}|{{ .Content }}|{{ .Thinking }}"
+        "{{- range .ToolCalls }}|{{ .ID }}:{{ .Function.Name }}{{ .Function.Arguments }}{{ end }}"
+        "{{- if .ToolName }}|{{ .ToolName }}:{{ .ToolCallID }}{{ end }}]{{ end }}"
+    )
+    req = ChatRequest(
+        model="m",
+        messages=(
+            Message("assistant", thinking="hm", tool_calls=(ToolCall("f", {"a": 1}, id="c1"),)),
+            Message("tool", "42", tool_name="f", tool_call_id="c1"),
+        ),
+    )
+    stored = ({"role": "user", "content": "earlier"},)
+    completion = chat_completion(req, _model(template=template, messages=stored), _info(None), {})
+    assert completion.messages is None
+    assert completion.prompt == '[user|earlier|][assistant||hm|c1:f{"a":1}][tool|42||f:c1]'
+
+
+def test_streamed_tool_calls_are_written_in_each_dialects_shape() -> None:
+    gen: Any = SimpleNamespace()  # not asked: no chunk here is the final one
+    calls = [ToolCall("f", {"a": 1}, id="c1"), ToolCall("g", "{x", index=1)]
+    (line,) = ChatLines("m").encode([Chunk(tool_calls=calls)], gen).splitlines()
+    assert json.loads(line)["message"] == {
+        "role": "assistant", "content": "",
+        "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}, "id": "c1"},
+                       {"function": {"name": "g", "arguments": "{x", "index": 1}}],
+    }  # fmt: skip
+    event = ChatEvents("m", include_usage=False).encode([Chunk(tool_calls=calls)], gen)
+    delta = json.loads(event.removeprefix(b"data: "))["choices"][0]["delta"]
+    assert delta["tool_calls"] == [
+        {"id": "c1", "index": 0, "type": "function",
+         "function": {"name": "f", "arguments": '{"a":1}'}},
+        {"id": delta["tool_calls"][1]["id"], "index": 1, "type": "function",
+         "function": {"name": "g", "arguments": "{x"}},
+    ]  # fmt: skip
+
+
+def test_native_load_lines_are_shaped_like_their_streams_lines() -> None:
+    for lines, body in [
+        (GenerateLines("m"), b'"response":""'),
+        (ChatLines("m"), b'"message":{"role":"assistant","content":""}'),
+    ]:
+        line = lines.load_line(1, 2)
+        assert line.startswith(b'{"model":"m","created_at":"')
+        stamp, rest = line.removeprefix(b'{"model":"m","created_at":"').split(b'",', 1)
+        assert stamp.endswith(b"Z") or b"+" in stamp or b"-" in stamp[10:]
+        assert rest == body + b',"done":false,"load_progress":{"completed":1,"total":2}}\n'

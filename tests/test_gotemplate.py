@@ -17,7 +17,7 @@ from ollamatrio.engines.simulated import (
     SimulatedEngineFactory,
 )
 from ollamatrio.template.gotemplate import TemplateError, collate, parse, render_prompt
-from ollamatrio.types import Chunk, CompletionRequest, LoadSpec
+from ollamatrio.types import Chunk, CompletionRequest, LoadSpec, Message
 
 # -- real templates --------------------------------------------------------------------
 
@@ -464,7 +464,7 @@ async def test_go_template_applies_where_the_gguf_has_no_chat_template(
             assert r.status_code == 200, r.text
             tools = engines.requests[-1]
             assert tools.prompt is None
-            assert list(tools.messages or ()) == hi
+            assert list(tools.messages or ()) == [Message("user", "hi")]
             assert list(tools.tools or ()) == [WEATHER_TOOL]
 
 
@@ -501,4 +501,4 @@ async def test_a_gguf_chat_template_keeps_the_messages_path(api_server) -> None:
                 r = await c.post("/api/chat", json={"model": name, "messages": hi, "stream": False})
                 assert r.status_code == 200, r.text
                 assert engines.requests[-1].prompt is None
-                assert list(engines.requests[-1].messages or ()) == hi
+                assert list(engines.requests[-1].messages or ()) == [Message("user", "hi")]

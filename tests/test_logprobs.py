@@ -9,7 +9,7 @@ from ollamatrio.engines.llamacpp_wire import (
     completion_request,
     ollama_logprobs,
 )
-from ollamatrio.types import CompletionRequest
+from ollamatrio.types import CompletionRequest, Message
 
 PROB = {
     "id": 5, "token": "Paris", "bytes": [80, 97, 114, 105, 115], "logprob": -0.1,
@@ -28,7 +28,7 @@ def test_requests_ask_for_at_least_the_chosen_token() -> None:
     assert "n_probs" not in completion_request(plain, 2048)[1]
     assert completion_request(asked, 2048)[1]["n_probs"] == 1
     assert completion_request(top, 2048)[1]["n_probs"] == 3
-    messages = [{"role": "user", "content": "hi"}]
+    messages = [Message("user", "hi")]
     chat = CompletionRequest(messages=messages, logprobs=True)
     body = chat_request(chat, 2048, "m")[1]
     assert (body["logprobs"], body["top_logprobs"]) == (True, 1)

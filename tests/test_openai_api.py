@@ -27,7 +27,7 @@ from ollamatrio.engines.simulated import (
     SimulatedEngineFactory,
 )
 from ollamatrio.errors import InvalidRequestError, QueueFullError
-from ollamatrio.generation.requests import Message
+from ollamatrio.generation.requests import Message, ToolCall
 from ollamatrio.testing.tiny_gguf import CHATML
 from ollamatrio.types import Chunk, CompletionRequest, LoadSpec
 
@@ -98,7 +98,7 @@ class ScriptedEngine:
     @staticmethod
     async def _tool_call(name: str) -> AsyncIterator[Chunk]:
         yield Chunk(thinking="the user wants the weather")
-        yield Chunk(tool_calls=[{"function": {"name": name, "arguments": {"city": "Paris"}}}])
+        yield Chunk(tool_calls=[ToolCall(name, {"city": "Paris"})])
         yield Chunk(done=True, done_reason="stop", prompt_eval_count=7, eval_count=5)
 
 
@@ -498,13 +498,11 @@ async def test_chat_request_translation(api_server, tiny_gguf) -> None:
                 assert r.status_code == 200, r.text
     first, second = engines.requests
     assert first.messages == [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "weather?\nin Paris"},
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"id": "call_1",
-                         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-        {"role": "tool", "content": "sunny", "tool_name": "get_weather", "tool_call_id": "call_1"},
-    ]  # fmt: skip
+        Message("system", "be brief"),
+        Message("user", "weather?\nin Paris"),
+        Message("assistant", tool_calls=(ToolCall("get_weather", {"city": "Paris"}, id="call_1"),)),
+        Message("tool", "sunny", tool_name="get_weather", tool_call_id="call_1"),
+    ]
     assert dict(first.options) == {
         "temperature": 1.0, "top_p": 1.0, "num_predict": 5, "seed": 42, "stop": ["END"],
         "frequency_penalty": 0.5, "presence_penalty": 0.25,
@@ -526,7 +524,7 @@ async def test_completions_request_translation(api_server) -> None:
     infill, plain = engines.requests
     assert (infill.prompt, infill.suffix, infill.messages) == ("def f(", "return 1", None)
     assert plain.prompt is None
-    assert plain.messages == [{"role": "user", "content": "hello"}]
+    assert plain.messages == [Message("user", "hello")]
     assert dict(plain.options) == {"temperature": 0.0, "top_p": 1.0}
 
 

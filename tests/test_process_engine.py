@@ -40,7 +40,7 @@ from ollamatrio.errors import (
     RunnerError,
     RunnerStartError,
 )
-from ollamatrio.types import Chunk, CompletionRequest, LoadSpec
+from ollamatrio.types import Chunk, CompletionRequest, LoadSpec, Message, ToolCall
 
 TinyGGUF = Callable[..., Path]
 GREEDY = {"temperature": 0, "seed": 42}
@@ -177,12 +177,15 @@ def test_bad_format_is_rejected() -> None:
         completion_request(CompletionRequest(prompt="x", format="yaml"), 2048)
 
 
+PNG, JPEG = "iVBORw0KGgo=", "/9j/4AAQSkZJRg=="
+
+
 @pytest.mark.parametrize(
     ("message", "expected"),
     [
-        ({"role": "user", "content": "hi"}, {"role": "user", "content": "hi"}),
+        (Message("user", "hi"), {"role": "user", "content": "hi"}),
         (
-            {"role": "user", "content": "see", "images": ["iVBORw0KGgo="]},
+            Message("user", "see", images=("iVBORw0KGgo=",)),
             {
                 "role": "user",
                 "content": [
@@ -195,12 +198,17 @@ def test_bad_format_is_rejected() -> None:
             },
         ),
         (
+            Message("user", images=(PNG, JPEG)),
             {
-                "role": "assistant",
-                "content": "",
-                "thinking": "hmm",
-                "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}}],
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+                    {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{JPEG}"}},
+                ],
             },
+        ),
+        (
+            Message("assistant", thinking="hmm", tool_calls=(ToolCall("f", {"x": 1}),)),
             {
                 "role": "assistant",
                 "content": "",
@@ -215,14 +223,48 @@ def test_bad_format_is_rejected() -> None:
             },
         ),
         (
-            {"role": "tool", "content": "42", "tool_name": "f"},
+            Message(
+                "assistant", "let me see",
+                tool_calls=(ToolCall("f", {"x": 1}, id="c1", index=0), ToolCall("g", "{raw")),
+            ),
+            {
+                "role": "assistant",
+                "content": "let me see",
+                "tool_calls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "f", "arguments": '{"x": 1}'}},
+                    {"id": "call_0_1", "type": "function",
+                     "function": {"name": "g", "arguments": "{raw"}},
+                ],
+            },
+        ),
+        (
+            Message("tool", "42", tool_name="f"),
             {"role": "tool", "content": "42", "name": "f"},
         ),
+        (
+            Message("tool", "42", tool_name="f", tool_call_id="c1"),
+            {"role": "tool", "content": "42", "name": "f", "tool_call_id": "c1"},
+        ),
+        # Tool fields belong to tool results only.
+        (Message("user", "hi", tool_name="f"), {"role": "user", "content": "hi"}),
+        (Message("", "hi"), {"role": "user", "content": "hi"}),
     ],
-    ids=["text", "image", "assistant-tool-call", "tool-result"],
-)
-def test_chat_message_translation(message: dict[str, Any], expected: dict[str, Any]) -> None:
+    ids=[
+        "text", "image", "images-only", "assistant-tool-call", "tool-calls-with-ids",
+        "tool-result", "tool-result-with-id", "tool-name-elsewhere", "no-role",
+    ],
+)  # fmt: skip
+def test_chat_message_translation(message: Message, expected: dict[str, Any]) -> None:
     assert chat_message(message) == expected
+
+
+def test_tool_call_ids_name_their_message() -> None:
+    history = [Message("user", "hi"), Message("assistant", tool_calls=(ToolCall("f"),) * 2)]
+    _, body = chat_request(CompletionRequest(messages=history), 2048, "m")
+    ids = [call["id"] for call in body["messages"][1]["tool_calls"]]
+    assert ids == ["call_1_0", "call_1_1"]
+    assert body["messages"][1]["tool_calls"][0]["function"]["arguments"] == "{}"
 
 
 TIMINGS = {"prompt_n": 5, "prompt_ms": 1.5, "predicted_n": 3, "predicted_ms": 30.25}
@@ -272,9 +314,34 @@ def test_chat_stream_joins_tool_call_deltas() -> None:
     assert chunks == [Chunk(thinking="think"), Chunk(content="Hi")]
     assert not stream.done
     assert stream.finish() == [
-        Chunk(tool_calls=[{"function": {"name": "get", "arguments": {"a": 1}}, "id": "c1"}]),
+        Chunk(tool_calls=[ToolCall("get", {"a": 1}, id="c1")]),
         Chunk(done=True, done_reason="stop", **timing_counts(TIMINGS)),
     ]
+
+
+def test_chat_stream_tool_calls_become_records_in_their_order() -> None:
+    """Several calls, their deltas interleaved; arguments that are not a JSON object stay
+    the text the model wrote; a call without id or arguments gets empty ones."""
+    stream = ChatStream()
+
+    def delta(*calls: dict[str, Any]) -> dict[str, Any]:
+        return {"choices": [{"delta": {"tool_calls": list(calls)}}]}
+
+    events = [
+        delta({"index": 1, "id": "b", "function": {"name": "second", "arguments": "{oops"}}),
+        delta({"index": 0, "function": {"name": "first"}}),
+        delta({"index": 2, "id": "c", "function": {"name": "third", "arguments": "[1, 2]"}}),
+        delta({"index": 1, "function": {"arguments": "}"}}),
+        {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    assert [chunk for event in events for chunk in stream.feed(event)] == []
+    calls, final = stream.finish()
+    assert calls.tool_calls == [
+        ToolCall("first", {}),
+        ToolCall("second", "{oops}", id="b"),
+        ToolCall("third", "[1, 2]", id="c"),
+    ]
+    assert final.done
 
 
 @pytest.mark.parametrize(
@@ -355,7 +422,7 @@ async def test_generate_exactly_n_tokens(client: RunnerClient) -> None:
 
 async def test_chat_streams_and_counts(client: RunnerClient) -> None:
     request = CompletionRequest(
-        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        messages=[Message("system", "be brief"), Message("user", "hi")],
         options={**GREEDY, "num_predict": 6, "ignore_eos": True},
     )
     with trio.fail_after(30):
@@ -493,7 +560,7 @@ async def test_open_loads_serves_and_closes(tiny_gguf: TinyGGUF) -> None:
             rendered = "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"
             expected = len(await engine.tokenize(rendered)) + 1
             request = CompletionRequest(
-                messages=[{"role": "user", "content": "hi there"}], options={"num_predict": 2}
+                messages=[Message("user", "hi there")], options={"num_predict": 2}
             )
             async with engine.complete(request) as stream:
                 final = [chunk async for chunk in stream][-1]
@@ -678,8 +745,8 @@ async def smollm2(smollm2_runner: RawRunner) -> AsyncIterator[RunnerClient]:
 async def test_smollm2_knows_the_capital_of_france(smollm2: RunnerClient) -> None:
     request = CompletionRequest(
         messages=[
-            {"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": "What is the capital of France?"},
+            Message("system", "You are a helpful assistant."),
+            Message("user", "What is the capital of France?"),
         ],
         options={"temperature": 0, "num_predict": 32},
     )

@@ -9,7 +9,8 @@ import ollamatrio
 
 EXPECTED = {
     "__version__", "Settings", "open_scheduler", "Scheduler", "ModelRequest", "Lease",
-    "RunnerInfo", "create_app", "serve", "run_server", "CompletionRequest", "Chunk",
+    "RunnerInfo", "create_app", "serve", "run_server", "CompletionRequest", "Chunk", "Message",
+    "ToolCall",
     "OllamatrioError", "InvalidRequestError", "ModelNotFoundError", "CapabilityError",
     "QueueFullError", "RunnerError", "RunnerStartError", "RunnerCrashedError",
     "OutOfMemoryError", "InsufficientMemoryError", "SchedulerClosedError",

@@ -1,16 +1,19 @@
 """The native dialect's wire encoders: ``/api/generate`` and ``/api/chat`` NDJSON lines, one
-piece of bytes per engine wake-up.  The single object of ``"stream": false`` is rendered
-from the folded answer (:func:`.native_wire.generate_answer`, :func:`.native_wire.chat_answer`)."""
+piece of bytes per engine wake-up, and the progress lines of a stream that waits for its
+model to load (:meth:`GenerateLines.load_line`).  The single object of ``"stream": false`` is
+rendered from the folded answer (:func:`.native_wire.generate_answer`,
+:func:`.native_wire.chat_answer`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import orjson
 
 from ..generation.relay import Generation
 from ..types import Chunk
-from ..wire import NDJSON, json_bytes, rfc3339_now
+from ..wire import NDJSON, json_bytes, rfc3339, rfc3339_now
 from .native_wire import timings
 
 # -- native NDJSON -----------------------------------------------------------------------
@@ -25,9 +28,27 @@ class GenerateLines:
     # writes a string exactly as json_bytes does, ten times faster.
     _text_opening = b'"response":'
     _text_closing = b',"done":false}\n'
+    # A line's body before anything is generated (the load lines).
+    _empty: ClassVar[Mapping[str, Any]] = {"response": ""}
 
     def __init__(self, model: str) -> None:
+        self._model = model
         self._prefix = b'{"model":' + json_bytes(model) + b',"created_at":"'
+
+    def load_line(self, completed: int, total: int) -> bytes:
+        """A line while the model loads: shaped like the stream's own (so Ollama's clients
+        keep parsing them), with an extra ``load_progress``::
+
+            {"model":"m","created_at":"...","response":"","done":false,
+             "load_progress":{"completed":52428800,"total":98362432}}
+        """
+        return json_bytes({
+            "model": self._model,
+            "created_at": rfc3339(),
+            **self._empty,
+            "done": False,
+            "load_progress": {"completed": completed, "total": total},
+        }) + b"\n"  # fmt: skip
 
     def _body(self, chunk: Chunk) -> dict[str, Any]:
         obj: dict[str, Any] = {"response": chunk.content}
@@ -72,13 +93,14 @@ class ChatLines(GenerateLines):
 
     _text_opening = b'"message":{"role":"assistant","content":'
     _text_closing = b'},"done":false}\n'
+    _empty: ClassVar[Mapping[str, Any]] = {"message": {"role": "assistant", "content": ""}}
 
     def _body(self, chunk: Chunk) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": chunk.content}
         if chunk.thinking:
             message["thinking"] = chunk.thinking
         if chunk.tool_calls:
-            message["tool_calls"] = [dict(call) for call in chunk.tool_calls]
+            message["tool_calls"] = [call.to_ollama() for call in chunk.tool_calls]
         return {"message": message}
 
     @staticmethod

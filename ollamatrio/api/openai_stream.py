@@ -10,7 +10,6 @@ from typing import Any
 import orjson
 
 from ..generation.relay import Generation
-from ..generation.requests import ToolCall
 from ..types import Chunk
 from ..wire import SSE, SSE_DONE, json_bytes
 from . import openai_wire as oai
@@ -97,8 +96,7 @@ class ChatEvents(_Events):
                 if chunk.thinking:
                     delta["reasoning"] = chunk.thinking
                 if chunk.tool_calls:
-                    typed = [ToolCall.from_chunk(call) for call in chunk.tool_calls]
-                    calls = oai.openai_tool_calls(typed, self._tool_calls, stream=True)
+                    calls = oai.openai_tool_calls(chunk.tool_calls, self._tool_calls, stream=True)
                     delta["tool_calls"] = calls
                     self._tool_calls += len(calls)
                 choice = {"index": 0, "delta": delta, "finish_reason": None}

@@ -25,7 +25,7 @@ from quart import Response
 from ..errors import OllamatrioError, RequestTooLargeError, ServerShuttingDownError
 from ..generation.answer import Answer, Fold
 from ..generation.completion import chat_completion, generate_completion
-from ..generation.load_lines import LoadAnnouncement, announcing_load
+from ..generation.load_lines import LoadAnnouncement, LoadLine, announcing_load
 from ..generation.relay import Encoder, Generation, open_generation
 from ..generation.requests import ChatRequest, GenerateRequest
 from ..http.asgi import ASGIApp
@@ -117,12 +117,13 @@ class GenerationRoutes:
     async def _plan(
         self, req: GenerateRequest | ChatRequest, started: float, *, native: bool,
         encoder: Encoder, render: Callable[[Answer], dict[str, Any]],
+        load_line: LoadLine | None = None,
     ) -> Plan:  # fmt: skip
         """The dialect-neutral checks (model, capabilities, options), then the generation to
         run, streamed with the dialect's ``encoder`` or folded and rendered with its
-        ``render``.  Native routes also answer unload (B23) and load-only (B24) requests at
-        once."""
-        chat = isinstance(req, ChatRequest)
+        ``render``; a stream that must wait for a load first writes ``load_line`` lines, if
+        its dialect has them.  Native routes also answer unload (B23) and load-only (B24)
+        requests at once."""
         prepared = await pipeline.prepare(self.ctx, req)
         if prepared is None:
             assert native, "only an unload request answers at once; /v1 cannot send one"
@@ -142,25 +143,25 @@ class GenerationRoutes:
             )
         generation = open_generation(self.ctx.scheduler, model_request, completion, started)
         if req.stream:
-            announce = LoadAnnouncement(
-                self.ctx.scheduler, model_request, model=req.model, chat=chat
-            )
-            return Plan(
-                generation=generation, encoder=encoder, announce=announce if native else None
-            )
+            announce = None
+            if load_line is not None:
+                announce = LoadAnnouncement(self.ctx.scheduler, model_request, load_line)
+            return Plan(generation=generation, encoder=encoder, announce=announce)
         return Plan(generation=generation, render=render)
 
     async def _generate(self, body: dict[str, Any], started: float) -> Plan:
         req = native_wire.generate_request(body)
+        lines = GenerateLines(req.model)
         return await self._plan(
-            req, started, native=True, encoder=GenerateLines(req.model),
+            req, started, native=True, encoder=lines, load_line=lines.load_line,
             render=lambda answer: native_wire.generate_answer(req.model, answer),
         )  # fmt: skip
 
     async def _chat(self, body: dict[str, Any], started: float) -> Plan:
         req = native_wire.chat_request(body)
+        lines = ChatLines(req.model)
         return await self._plan(
-            req, started, native=True, encoder=ChatLines(req.model),
+            req, started, native=True, encoder=lines, load_line=lines.load_line,
             render=lambda answer: native_wire.chat_answer(req.model, answer),
         )  # fmt: skip
 

@@ -1,10 +1,12 @@
 """Translate between Ollama's terms and llama.cpp server's HTTP API (pure, no I/O).
 
 Requests: a prompt goes to ``/completion`` (or ``/infill`` with a suffix), messages go to
-``/v1/chat/completions`` so the model's own chat template applies.  Every Ollama sampling
+``/v1/chat/completions`` so the model's own chat template applies; typed messages and tool
+calls become llama.cpp's (OpenAI-shaped) JSON here and nowhere else.  Every Ollama sampling
 option is sent explicitly with Ollama's default, since llama.cpp's request defaults differ
 (engine.md §10.8).  Responses: SSE ``data:`` events become :class:`Chunk` objects, with
-llama.cpp's ``timings`` turned into Ollama's counts and nanosecond durations.
+llama.cpp's ``timings`` turned into Ollama's counts and nanosecond durations, and its tool
+call deltas joined into :class:`ToolCall` records.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from ollamatrio.errors import InvalidRequestError
-from ollamatrio.types import Chunk, CompletionRequest
+from ollamatrio.types import Chunk, CompletionRequest, Message, ToolCall
 
 # Ollama option -> (llama.cpp request field, Ollama's default).
 SAMPLING_OPTIONS: dict[str, tuple[str, Any]] = {
@@ -123,37 +125,39 @@ def _image_url(b64: str) -> str:
     return f"data:{mime};base64,{b64}"
 
 
-def chat_message(message: Mapping[str, Any], index: int = 0) -> dict[str, Any]:
-    """One Ollama chat message in OpenAI shape (what llama.cpp's chat endpoint takes)."""
-    role = message.get("role", "user")
-    text = message.get("content") or ""
+def chat_message(message: Message, index: int = 0) -> dict[str, Any]:
+    """One chat message in OpenAI shape (what llama.cpp's chat endpoint takes); ``index``
+    names the ids of its tool calls that have none."""
+    role = message.role or "user"
+    text = message.content
     out: dict[str, Any] = {"role": role, "content": text}
-    images = message.get("images") or ()
-    if images:
+    if message.images:
         parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
-        parts += [{"type": "image_url", "image_url": {"url": _image_url(i)}} for i in images]
+        parts += [
+            {"type": "image_url", "image_url": {"url": _image_url(i)}} for i in message.images
+        ]
         out["content"] = parts
-    if message.get("thinking"):
-        out["reasoning_content"] = message["thinking"]
-    calls = message.get("tool_calls") or ()
-    if calls:
-        out["tool_calls"] = [_openai_tool_call(call, index, n) for n, call in enumerate(calls)]
+    if message.thinking:
+        out["reasoning_content"] = message.thinking
+    if message.tool_calls:
+        out["tool_calls"] = [
+            _openai_tool_call(call, index, n) for n, call in enumerate(message.tool_calls)
+        ]
     if role == "tool":
-        if message.get("tool_name"):
-            out["name"] = message["tool_name"]
-        if message.get("tool_call_id"):
-            out["tool_call_id"] = message["tool_call_id"]
+        if message.tool_name:
+            out["name"] = message.tool_name
+        if message.tool_call_id:
+            out["tool_call_id"] = message.tool_call_id
     return out
 
 
-def _openai_tool_call(call: Mapping[str, Any], message_index: int, n: int) -> dict[str, Any]:
-    function = call.get("function", {})
-    arguments = function.get("arguments", {})
+def _openai_tool_call(call: ToolCall, message_index: int, n: int) -> dict[str, Any]:
+    arguments = call.arguments
     return {
-        "id": call.get("id") or f"call_{message_index}_{n}",
+        "id": call.id or f"call_{message_index}_{n}",
         "type": "function",
         "function": {
-            "name": function.get("name", ""),
+            "name": call.name,
             "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
         },
     }
@@ -260,10 +264,12 @@ class CompletionStream:
 
 
 @dataclass
-class _ToolCall:
+class _CallDeltas:
+    """One tool call as its stream deltas have spelled it so far."""
+
     id: str = ""
     name: str = ""
-    arguments: str = ""
+    arguments: str = ""  # JSON text, in pieces
 
 
 @dataclass
@@ -274,7 +280,7 @@ class ChatStream:
     top_logprobs: int = 0
     _finish_reason: str | None = None
     _timings: Mapping[str, Any] | None = None
-    _calls: dict[int, _ToolCall] = field(default_factory=dict)
+    _calls: dict[int, _CallDeltas] = field(default_factory=dict)
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         raise_for_error(event)
@@ -296,7 +302,7 @@ class ChatStream:
         return chunks
 
     def _add_tool_delta(self, delta: Mapping[str, Any]) -> None:
-        call = self._calls.setdefault(int(delta.get("index", len(self._calls))), _ToolCall())
+        call = self._calls.setdefault(int(delta.get("index", len(self._calls))), _CallDeltas())
         call.id = delta.get("id") or call.id
         function = delta.get("function") or {}
         call.name += function.get("name") or ""
@@ -310,21 +316,21 @@ class ChatStream:
         chunks = []
         if self._calls:
             calls = [self._calls[i] for i in sorted(self._calls)]
-            chunks.append(Chunk(tool_calls=[_ollama_tool_call(c) for c in calls]))
+            chunks.append(Chunk(tool_calls=[_tool_call(c) for c in calls]))
         reason = "length" if self._finish_reason == "length" else "stop"
         chunks.append(Chunk(done=True, done_reason=reason, **timing_counts(self._timings)))
         return chunks
 
 
-def _ollama_tool_call(call: _ToolCall) -> dict[str, Any]:
+def _tool_call(call: _CallDeltas) -> ToolCall:
+    """A joined call: arguments that are not a JSON object stay the text the model wrote."""
     try:
         arguments: Any = json.loads(call.arguments) if call.arguments else {}
     except json.JSONDecodeError:
         arguments = call.arguments
-    out: dict[str, Any] = {"function": {"name": call.name, "arguments": arguments}}
-    if call.id:
-        out["id"] = call.id
-    return out
+    if not isinstance(arguments, Mapping | str):
+        arguments = call.arguments
+    return ToolCall(name=call.name, arguments=arguments, id=call.id)
 
 
 def embedding_vectors(

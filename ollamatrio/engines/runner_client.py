@@ -214,13 +214,13 @@ class RunnerClient:
         limit = self._context_limit(request)
         # Tokens never outnumber the bytes of the text they encode; a template adds far
         # fewer than 64 tokens a message.  Below that bound nothing needs measuring.
-        size = sum(len(str(m.get("content") or "").encode()) for m in messages)
+        size = sum(len(m.content.encode()) for m in messages)
         size += len(json.dumps(list(request.tools or ()))) + 64 * (len(messages) + 1)
         if size <= limit or not messages:
             return request
 
         async def tokens_from(start: int) -> int:
-            kept = [m for m in messages[:start] if m.get("role") == "system"] + messages[start:]
+            kept = [m for m in messages[:start] if m.role == "system"] + messages[start:]
             prompt = await self._render(replace(request, messages=kept))
             return len(await self.tokenize_prompt(prompt))
 
@@ -248,7 +248,7 @@ class RunnerClient:
             else:
                 low = middle + 1
         log.debug("truncating the conversation: dropped %d oldest messages", low)
-        kept = [m for m in messages[:low] if m.get("role") == "system"] + messages[low:]
+        kept = [m for m in messages[:low] if m.role == "system"] + messages[low:]
         return replace(request, messages=kept)
 
     async def embed(

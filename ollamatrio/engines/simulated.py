@@ -149,7 +149,7 @@ class SimulatedEngine:
     async def _stream(self, request: CompletionRequest) -> AsyncGenerator[Chunk, None]:
         b = self._behaviour
         messages = request.messages or ()
-        prompt = request.prompt or " ".join(str(m.get("content", "")) for m in messages)
+        prompt = request.prompt or " ".join(m.content for m in messages)
         n_prompt = max(1, len(prompt.split()))
         await trio.sleep(n_prompt / b.prompt_tokens_per_second)
         self.prompt_tokens += n_prompt

@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..types import Chunk
+from ..types import Chunk, ToolCall
 from .relay import Generation, Timings
-from .requests import ToolCall
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class Fold:
     def __init__(self) -> None:
         self._content: list[str] = []
         self._thinking: list[str] = []
-        self._tool_calls: list[Mapping[str, Any]] = []
+        self._tool_calls: list[ToolCall] = []
         self._logprobs: list[Mapping[str, Any]] = []
 
     def add(self, batch: list[Chunk]) -> None:
@@ -55,7 +54,7 @@ class Fold:
         return Answer(
             content="".join(self._content),
             thinking="".join(self._thinking),
-            tool_calls=tuple(ToolCall.from_chunk(call) for call in self._tool_calls),
+            tool_calls=tuple(self._tool_calls),
             logprobs=tuple(self._logprobs),
             done_reason=final.done_reason or "stop",
             context=tuple(final.context),

@@ -5,7 +5,8 @@ Go template (the request's own, or a model's Go template layer over a GGUF witho
 template of its own) is rendered here, as Ollama renders it; otherwise the conversation goes
 to the engine as messages, for llama.cpp to apply the GGUF's Jinja template (and to fit it
 into the context, dropping the oldest turns).  Tool calling and images always take the
-messages path.
+messages path.  The messages stay typed (:class:`~ollamatrio.types.Message`) on both paths;
+only the Go template interpreter is handed Ollama's JSON shape, here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from ..gguf import GGUFInfo
 from ..store import Model
 from ..template.gotemplate import is_go_template, parse, render_prompt
-from ..types import CompletionRequest
+from ..types import CompletionRequest, Message
 from .requests import ChatRequest, GenerateRequest
 
 
@@ -38,10 +39,11 @@ def generate_completion(
     prompt as chat messages so that the model's own template applies."""
     template = None if req.raw or req.images else go_template(model, info, req.template)
     if template is not None and (not req.suffix or "suffix" in parse(template).vars):
-        messages = () if req.suffix else _generate_messages(req, model)
+        messages = [] if req.suffix else _generate_messages(req, model)
         prompt = render_prompt(
-            template, messages, think=req.think, prompt=req.prompt, suffix=req.suffix
-        )
+            template, _template_messages(messages), think=req.think, prompt=req.prompt,
+            suffix=req.suffix,
+        )  # fmt: skip
         completion = CompletionRequest(prompt=prompt)
     elif req.raw or req.suffix:
         completion = CompletionRequest(prompt=req.prompt, suffix=req.suffix or None)
@@ -50,34 +52,41 @@ def generate_completion(
     return _with_common(completion, req, options)
 
 
-def _generate_messages(req: GenerateRequest, model: Model) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
+def _generate_messages(req: GenerateRequest, model: Model) -> list[Message]:
+    messages: list[Message] = []
     system = req.system or model.system
     if system:
-        messages.append({"role": "system", "content": system})
+        messages.append(Message("system", system))
     if not req.context:
-        messages.extend(dict(m) for m in model.messages)
-    user: dict[str, Any] = {"role": "user", "content": req.prompt}
-    if req.images:
-        user["images"] = list(req.images)
-    messages.append(user)
+        messages.extend(_model_messages(model))
+    messages.append(Message("user", req.prompt, images=req.images))
     return messages
+
+
+def _model_messages(model: Model) -> list[Message]:
+    """The Modelfile's ``MESSAGE`` turns, stored as Ollama's JSON."""
+    return [Message.from_ollama(m) for m in model.messages]
+
+
+def _template_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """The one place messages become mappings again: the Go template interpreter reads
+    ``.Messages`` as Ollama's ``api.Message`` JSON (it fills in the zero fields itself)."""
+    return [m.to_ollama() for m in messages]
 
 
 def chat_completion(
     req: ChatRequest, model: Model, info: GGUFInfo, options: Mapping[str, Any]
 ) -> CompletionRequest:
     """A conversation's next turn: the model's system prompt and Modelfile messages come
-    first, then the request's messages (in Ollama's JSON shape, which the engines and the
-    Go templates read)."""
-    messages: list[dict[str, Any]] = []
+    first, then the request's messages."""
+    messages: list[Message] = []
     if model.system and req.messages[0].role != "system":
-        messages.append({"role": "system", "content": model.system})
-    messages.extend(dict(m) for m in model.messages)
-    messages.extend(m.to_ollama() for m in req.messages)
+        messages.append(Message("system", model.system))
+    messages.extend(_model_messages(model))
+    messages.extend(req.messages)
     template = None if req.tools or req.has_images else go_template(model, info)
     if template is not None:
-        prompt = render_prompt(template, messages, think=req.think)
+        prompt = render_prompt(template, _template_messages(messages), think=req.think)
         return _with_common(CompletionRequest(prompt=prompt), req, options)
     return _with_common(
         CompletionRequest(messages=messages, tools=list(req.tools) or None), req, options

@@ -1,14 +1,10 @@
-"""Progress lines of a streamed native generation that waits for its model to load.
+"""Progress lines of a streamed generation that waits for its model to load.
 
-Before the first token, such a stream carries lines shaped like its own (so Ollama's clients
-keep parsing them) with an extra ``load_progress``::
-
-    {"model":"m","created_at":"...","response":"","done":false,
-     "load_progress":{"completed":52428800,"total":98362432}}
-
-(``/api/chat``: ``"message":{"role":"assistant","content":""}`` instead of ``response``).
-The response starts (200, NDJSON) only when a load is really needed, before the first line;
-a request that finds its model loaded pays nothing: no subscription, no task.
+Before the first token, such a stream carries lines that say how far the load has got; what
+a line looks like is the dialect's (the native streams write theirs with
+:meth:`~ollamatrio.api.native_stream.GenerateLines.load_line`), handed in as a
+:data:`LoadLine`.  The response starts only when a load is really needed, before the first
+line; a request that finds its model loaded pays nothing: no subscription, no task.
 
 Ownership: a :class:`ProgressWriter` task in the request's nursery subscribes to the
 scheduler's events before the lease is asked for and writes lines until the lease is
@@ -27,43 +23,29 @@ import trio
 
 from ..scheduler import ModelRequest, Scheduler
 from ..scheduler.runner import RunnerState
-from ..wire import json_bytes, rfc3339
 from .relay import Generation
 
 MIN_INTERVAL = 0.25  # seconds between two lines ...
 MIN_SHARE = 0.05  # ... unless the load moved on by this share of the total
 
 Write = Callable[[bytes], Awaitable[None]]
+# One progress line, in the stream's own dialect: (bytes loaded, bytes in all) -> the line.
+LoadLine = Callable[[int, int], bytes]
 
 
 class LoadAnnouncement:
-    """What a native stream would announce: its model request and the shape of its lines."""
+    """What a stream would announce: its model request, and how its lines are written."""
 
-    def __init__(
-        self, scheduler: Scheduler, request: ModelRequest, *, model: str, chat: bool
-    ) -> None:
+    def __init__(self, scheduler: Scheduler, request: ModelRequest, line: LoadLine) -> None:
         self.scheduler = scheduler
         self.request = request
-        self.model = model  # as the request named it, like its other lines
-        self.chat = chat
+        self.line = line
 
     def needed(self) -> bool:
         scheduler = self.scheduler
         if scheduler.waiting >= scheduler.settings.max_queue:
             return False  # the lease is refused at once: let it answer 503 itself
         return scheduler.load_needed(self.request)
-
-    def line(self, completed: int, total: int) -> bytes:
-        empty: dict[str, object] = {"response": ""}
-        if self.chat:
-            empty = {"message": {"role": "assistant", "content": ""}}
-        return json_bytes({
-            "model": self.model,
-            "created_at": rfc3339(),
-            **empty,
-            "done": False,
-            "load_progress": {"completed": completed, "total": total},
-        }) + b"\n"  # fmt: skip
 
 
 class ProgressWriter:

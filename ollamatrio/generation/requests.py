@@ -4,7 +4,9 @@ for, in the core's own terms, independent of any wire format.
 Each dialect (``api/native_wire.py``, ``api/openai_wire.py``, ...) reads its body into one of
 these frozen records and checks it there; from then on the model checks, the completion
 request (:mod:`.completion`), the relay and the folded answer (:mod:`.answer`) see only the
-record.  Nothing here parses a body: that is a dialect's job.
+record.  Nothing here parses a body: that is a dialect's job.  A conversation's
+:class:`~ollamatrio.types.Message` and :class:`~ollamatrio.types.ToolCall` live in the
+leaf :mod:`ollamatrio.types`, since the engines read them too; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -13,75 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..types import Message as Message
+from ..types import ToolCall as ToolCall
+
 # A structured-output constraint: "json", or a JSON schema; None: free text.
 Format = str | Mapping[str, Any] | None
 # Thinking: off, on, or a level ("low", "medium", "high", "max"); None: the model's default.
 Think = bool | str | None
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One function call, asked for by the model (an answer) or shown to it (history).
-
-    ``arguments`` is an object; a string only where a model wrote arguments that are not
-    JSON (they are passed on as written)."""
-
-    name: str
-    arguments: Mapping[str, Any] | str = field(default_factory=dict)
-    id: str = ""  # the call's id, when the model or the client gave one
-    index: int = 0  # position among the calls of one message (Ollama's function.index)
-
-    @classmethod
-    def from_chunk(cls, call: Mapping[str, Any]) -> ToolCall:
-        """A call as an engine reports it in a :class:`~ollamatrio.types.Chunk` (Ollama's
-        shape: ``{"function": {"name", "arguments"}, "id"?}``)."""
-        function = call.get("function") or {}
-        arguments = function.get("arguments")
-        return cls(
-            name=str(function.get("name") or ""),
-            arguments={} if arguments is None else arguments,
-            id=str(call.get("id") or ""),
-            index=int(function.get("index") or 0),
-        )
-
-    def to_ollama(self) -> dict[str, Any]:
-        """Ollama's JSON shape, zero fields left out (the engines and native answers)."""
-        function: dict[str, Any] = {"name": self.name, "arguments": self.arguments}
-        if self.index:
-            function["index"] = self.index
-        out: dict[str, Any] = {"function": function}
-        if self.id:
-            out["id"] = self.id
-        return out
-
-
-@dataclass(frozen=True)
-class Message:
-    """One turn of a conversation."""
-
-    role: str  # "system", "user", "assistant", "tool", or another role a template knows
-    content: str = ""
-    thinking: str = ""  # an assistant's earlier reasoning
-    images: tuple[str, ...] = ()  # base64
-    tool_calls: tuple[ToolCall, ...] = ()
-    tool_name: str = ""  # a tool result: the function it answers
-    tool_call_id: str = ""  # a tool result: the call it answers
-
-    def to_ollama(self) -> dict[str, Any]:
-        """Ollama's ``api.Message`` JSON, empty fields left out: what the engines and the Go
-        templates read."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.thinking:
-            out["thinking"] = self.thinking
-        if self.images:
-            out["images"] = list(self.images)
-        if self.tool_calls:
-            out["tool_calls"] = [call.to_ollama() for call in self.tool_calls]
-        if self.tool_name:
-            out["tool_name"] = self.tool_name
-        if self.tool_call_id:
-            out["tool_call_id"] = self.tool_call_id
-        return out
 
 
 @dataclass(frozen=True)
