@@ -28,7 +28,6 @@ from .manifest import (
     MEDIA_TEMPLATE,
     Layer,
     Manifest,
-    StoreError,
     config_json,
     go_json,
     parse_digest,
@@ -194,7 +193,6 @@ def run_create(store: ModelStore, request: CreateRequest) -> Iterator[dict[str, 
     """Build and write the manifest, yielding Ollama's progress statuses."""
     with store.pinned() as pins:
         target = request.name
-        old = _existing_manifest(store, target)
         config_extra: dict[str, Any] = {}
         steps: list[_Step] = []
         if request.from_model is not None:
@@ -231,18 +229,9 @@ def run_create(store: ModelStore, request: CreateRequest) -> Iterator[dict[str, 
         for step in steps:
             yield {"status": step.status}
         yield {"status": "writing manifest"}
+        # Writing it removes the blobs only the manifest it replaces used (store.py).
         store.write_manifest(target, Manifest(config=config_layer, layers=tuple(layers)))
-        if old is not None and not store.noprune:
-            store.remove_unreferenced(old.digests())
         yield {"status": "success"}
-
-
-def _existing_manifest(store: ModelStore, name: ModelName) -> Manifest | None:
-    """The manifest ``name`` has now, whose unshared blobs go once it is replaced."""
-    try:
-        return store.read_manifest(name) if store.exists(name) else None
-    except (StoreError, OSError):
-        return None  # unreadable: leave its blobs to a later prune
 
 
 def _from_model(

@@ -126,11 +126,18 @@ class PruneResult:
 
 
 class PinSet:
-    """Digests an operation in progress needs; prune and delete leave them alone."""
+    """Digests an operation in progress needs; prune and delete leave them alone.
+
+    A blob the operation itself wrote (:meth:`created`) and a blob whose removal a pin held
+    back are looked at again when the last pin on them goes: whichever no manifest names
+    by then is removed, so an operation that fails, is cut short or loses a race to another
+    writer leaves nothing behind.
+    """
 
     def __init__(self, store: ModelStore) -> None:
         self._store = store
         self._digests: set[str] = set()
+        self._created: set[str] = set()
 
     def add(self, digest: str) -> None:
         digest = parse_digest(digest)
@@ -139,13 +146,28 @@ class PinSet:
                 self._digests.add(digest)
                 self._store._pins[digest] += 1
 
-    def release(self) -> None:
+    def created(self, digest: str) -> None:
+        """Pin ``digest``, a blob this operation put in the store: if no manifest names it
+        once the operation ends, it goes."""
+        digest = parse_digest(digest)
         with self._store._lock:
+            self.add(digest)
+            self._created.add(digest)
+
+    def release(self) -> None:
+        store = self._store
+        with store._lock:
+            unpinned = set()
             for digest in self._digests:
-                self._store._pins[digest] -= 1
-                if self._store._pins[digest] <= 0:
-                    del self._store._pins[digest]
+                store._pins[digest] -= 1
+                if store._pins[digest] <= 0:
+                    del store._pins[digest]
+                    unpinned.add(digest)
+            candidates = self._created | (unpinned & store._held_back)
             self._digests.clear()
+            self._created.clear()
+            if candidates:
+                store.remove_unreferenced(candidates)
 
 
 class BlobWriter:
@@ -238,6 +260,9 @@ class ModelStore:
         self._real_root = self.root.resolve(strict=True)
         self._lock = threading.RLock()
         self._pins: Counter[str] = Counter()  # digests an operation in progress needs
+        # Unreferenced digests whose removal a pin held back: looked at again when the
+        # last pin on them goes (PinSet.release).
+        self._held_back: set[str] = set()
         self._temps: set[Path] = set()  # temporary files of live writers
         # Models read from manifests, by manifest path, with the file's identity when read:
         # a manifest is only ever replaced (never edited in place), so an unchanged
@@ -301,13 +326,15 @@ class ModelStore:
         final = self.blob_path(digest)
         with self._lock:
             self._temps.discard(tmp)
-            if pins is not None:
-                pins.add(digest)
             if final.is_file():
+                if pins is not None:
+                    pins.add(digest)
                 tmp.unlink(missing_ok=True)
                 return False
             os.chmod(tmp, 0o644)
             os.replace(tmp, final)
+            if pins is not None:
+                pins.created(digest)
             return True
 
     def _forget_temp(self, tmp: Path) -> None:
@@ -401,6 +428,8 @@ class ModelStore:
 
         Raw bytes (a manifest as a registry served it) are validated and written
         unchanged, so the digest matches the registry's.  Every blob it names must exist.
+        The blobs of the manifest it replaces that no manifest names any more are removed
+        in the same locked step (unless noprune), as Ollama's create and pull do.
         """
         if isinstance(manifest, Manifest):
             data, parsed = manifest.to_bytes(), manifest
@@ -414,6 +443,7 @@ class ModelStore:
             path = self.manifests_dir.joinpath(*target.parts)
             path.parent.mkdir(parents=True, exist_ok=True)
             self._confined(path)
+            replaced = self._digests_of(path) if path.is_file() else set()
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TEMP_PREFIX)
             try:
                 with os.fdopen(fd, "wb") as f:
@@ -424,7 +454,18 @@ class ModelStore:
                 Path(tmp).unlink(missing_ok=True)
                 raise
             self.generation += 1
+            if not self.noprune:
+                self.remove_unreferenced(replaced - parsed.digests())
         return hashlib.sha256(data).hexdigest()
+
+    def _digests_of(self, path: Path) -> set[str]:
+        """The blobs the manifest at ``path`` names; none if it cannot be read (its blobs
+        are then left to a later prune)."""
+        try:
+            return self._read_manifest(path)[0].digests()
+        except (StoreError, OSError) as exc:
+            log.warning("manifest %s unreadable, keeping its blobs: %s", path.name, exc)
+            return set()
 
     # -- models --------------------------------------------------------------------------
 
@@ -589,11 +630,7 @@ class ModelStore:
                 shown = name if isinstance(name, str) else model_name.display_shortest
                 raise ModelNotFoundError(f"model '{shown}' not found")
             _, path = found
-            try:
-                digests = self._read_manifest(path)[0].digests()
-            except (StoreError, OSError) as exc:
-                log.warning("deleting unreadable manifest %s: %s", path, exc)
-                digests = set()
+            digests = self._digests_of(path)
             self._confined(path).unlink()
             self.generation += 1
             self._loaded.pop(path, None)
@@ -611,15 +648,28 @@ class ModelStore:
                 return None
         return referenced
 
-    def remove_unreferenced(self, candidates: Iterable[str]) -> tuple[int, int]:
+    def remove_unreferenced(
+        self, candidates: Iterable[str], *, hold_back: bool = True
+    ) -> tuple[int, int]:
         """Delete those of ``candidates`` that no manifest references and no operation has
-        pinned; returns (blobs removed, bytes removed)."""
+        pinned; returns (blobs removed, bytes removed).  With ``hold_back`` a pinned one
+        goes when its last pin does, unless a manifest names it by then (:meth:`PinSet.
+        release` looks at it again): the blobs of a deleted or replaced manifest."""
         with self._lock:
+            candidates = set(candidates)
+            if not candidates:
+                return 0, 0
             referenced = self._referenced()
             if referenced is None:
                 return 0, 0
+            unused = candidates - referenced
+            self._held_back -= candidates - unused
+            pinned = unused & self._pins.keys()
+            if hold_back:
+                self._held_back |= pinned
             removed = removed_bytes = 0
-            for digest in set(candidates) - referenced - set(self._pins):
+            for digest in unused - pinned:
+                self._held_back.discard(digest)
                 # The link itself, never its target: unlinking is safe even for a bad link.
                 path = self.blobs_dir / blob_filename(digest)
                 try:
@@ -650,7 +700,9 @@ class ModelStore:
                         continue
                     temps += _remove_temp(entry.path)
             temps += self._remove_manifest_temps()
-            removed, removed_bytes = self.remove_unreferenced(candidates)
+            # The sweep leaves pinned blobs to their operations: a pull keeps what it
+            # downloaded for the next try even if it fails.
+            removed, removed_bytes = self.remove_unreferenced(candidates, hold_back=False)
             self._prune_dirs(self.manifests_dir)
         if removed or temps:
             log.info(
