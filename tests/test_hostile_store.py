@@ -4,13 +4,20 @@ never the server's paths; a GGUF llama.cpp cannot load is refused at ``/api/crea
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import trio
 from conftest import ServerFactory
 
-from ollamatrio.testing.store_race import run_race, store_audit
+from ollamatrio.store import MEDIA_MODEL, Layer, Manifest
+from ollamatrio.testing.store_race import http_request, run_race, store_audit
+
+TinyGGUF = Callable[..., Path]
 
 
 def host_port(url: str) -> tuple[str, int]:
@@ -33,3 +40,64 @@ async def test_racing_create_copy_delete_leaves_no_orphans(api_server: ServerFac
     audit = store_audit(models_dir)  # the server has stopped: nothing writes the store
     assert audit.missing == ()
     assert audit.orphans == ()
+
+
+def answer_json(rest: bytes) -> Any:
+    """The JSON body of an answer ``http_request`` read (``Connection: close``: it is whole)."""
+    head, _, body = rest.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" not in head.lower()
+    return json.loads(body)
+
+
+def upload(host: str, port: int, path: Path) -> str:
+    data = path.read_bytes()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    status, _ = http_request(host, port, "POST", f"/api/blobs/{digest}", data=data)
+    assert status == 201
+    return digest
+
+
+async def test_create_refuses_a_gguf_with_duplicate_tokens(
+    api_server: ServerFactory, tiny_gguf: TinyGGUF
+) -> None:
+    async with api_server() as srv:
+        host, port = host_port(srv.url)
+
+        def create() -> tuple[int, Any]:
+            digest = upload(host, port, tiny_gguf(corrupt="duplicate_tokens"))
+            body = {"model": "dup", "files": {"dup.gguf": digest}, "stream": False}
+            status, rest = http_request(host, port, "POST", "/api/create", body)
+            return status, answer_json(rest)
+
+        status, answer = await trio.to_thread.run_sync(create)
+        assert status == 400
+        assert "duplicate token" in answer["error"]
+        assert "llama.cpp cannot load it" in answer["error"]
+        assert not srv.store.exists("dup")
+
+
+async def test_a_stored_model_with_duplicate_tokens_fails_clearly_without_a_runner(
+    api_server: ServerFactory, tiny_gguf: TinyGGUF
+) -> None:
+    async with api_server() as srv:
+        # Stored by another server (or before the check at create): blob and manifest only.
+        data = tiny_gguf(corrupt="duplicate_tokens").read_bytes()
+        digest, _ = srv.store.write_bytes_blob(data)
+        srv.store.write_manifest("dup", Manifest(None, (Layer(MEDIA_MODEL, digest, len(data)),)))
+        host, port = host_port(srv.url)
+        for path, body in (
+            ("/api/generate", {"model": "dup", "prompt": "hi", "stream": False}),
+            ("/api/chat", {"model": "dup", "messages": [{"role": "user", "content": "hi"}]}),
+            ("/api/embed", {"model": "dup", "input": "hi"}),
+            (
+                "/v1/chat/completions",
+                {"model": "dup", "messages": [{"role": "user", "content": "x"}]},
+            ),
+        ):
+            status, rest = await trio.to_thread.run_sync(
+                lambda p=path, b=body: http_request(host, port, "POST", p, b)
+            )
+            assert status == 500, path
+            message = json.dumps(answer_json(rest))
+            assert "cannot be loaded: duplicate token" in message, path
+        assert srv.engines.loads == 0  # no runner was started for it

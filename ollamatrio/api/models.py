@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..config import Settings
-from ..errors import CapabilityError, InvalidRequestError, ModelNotFoundError
+from ..errors import CapabilityError, InvalidRequestError, ModelNotFoundError, RunnerStartError
 from ..gguf import ArraySummary, GGUFInfo
 from ..model_info import read_model_info
 from ..modelfile import Message, Modelfile, render_modelfile, render_parameters
@@ -151,6 +151,14 @@ def capabilities(model: Model, info: GGUFInfo) -> list[str]:
         if isinstance(extra, str) and extra not in caps:
             caps.append(extra)
     return [str(c) for c in caps]
+
+
+def require_loadable(name: str, info: GGUFInfo) -> None:
+    """A model llama.cpp would abort on at every load (one in the store from before this
+    check, or from another server) fails here with the reason, before a runner starts."""
+    duplicate = info.duplicate_token  # read with the header (model_info.py)
+    if duplicate is not None:
+        raise RunnerStartError(f'model "{name}" cannot be loaded: {duplicate}')
 
 
 def require(name: str, caps: list[str], cap: str, label: str | None = None) -> None:

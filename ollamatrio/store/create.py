@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GGUFError, InvalidRequestError, ModelNotFoundError
-from ..gguf import GGUFInfo, read_gguf
+from ..gguf import DuplicateToken, GGUFInfo, read_gguf
 from .manifest import (
     CONFIG_MEDIA_TYPE,
     MEDIA_ADAPTER,
@@ -263,11 +263,23 @@ def _read(path: Any) -> GGUFInfo:
         raise InvalidRequestError(f"{NOT_GGUF}: {reason}") from None
 
 
+def _read_tokens(path: Path, info: GGUFInfo) -> DuplicateToken | None:
+    try:
+        return info.duplicate_token
+    except GGUFError as exc:
+        reason = str(exc).removeprefix(f"{path}: ")
+        raise InvalidRequestError(f"{NOT_GGUF}: {reason}") from None
+
+
 def _gguf_step(store: ModelStore, digest: str, pins: PinSet, *, adapter: bool) -> _Step:
     if not store.pin_if_present(digest, pins):
         raise InvalidRequestError(f"blob {digest} not found")
     path = store.blob_path(digest)
     info = _read(path)
+    duplicate = _read_tokens(path, info)
+    if duplicate is not None:
+        # A file llama.cpp aborts on at every load: refused here, not at each use.
+        raise InvalidRequestError(f"invalid model file: {duplicate}")
     kind = info.metadata.get("general.type")
     if adapter or kind == "adapter":
         media = MEDIA_ADAPTER

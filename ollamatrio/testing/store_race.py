@@ -47,10 +47,18 @@ class StoreAudit:
 
 
 def http_request(
-    host: str, port: int, method: str, path: str, body: Any = None, timeout: float = 30.0
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    body: Any = None,
+    timeout: float = 30.0,
+    *,
+    data: bytes | None = None,
 ) -> tuple[int, bytes]:
-    """One request on its own connection; the status and the raw rest of the answer."""
-    payload = json.dumps(body).encode() if body is not None else b""
+    """One request on its own connection (``body`` as JSON, or ``data`` as it is); the
+    status and the raw rest of the answer."""
+    payload = data if data is not None else json.dumps(body).encode() if body is not None else b""
     head = (
         f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
