@@ -4,6 +4,7 @@ never the server's paths; a GGUF llama.cpp cannot load is refused at ``/api/crea
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 from collections.abc import Callable
@@ -11,9 +12,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 import trio
 from conftest import ServerFactory
+from helpers.read_only import read_only
 
+from ollamatrio.api.errors import message_for
+from ollamatrio.errors import RunnerStartError
 from ollamatrio.store import MEDIA_MODEL, Layer, Manifest
 from ollamatrio.testing.store_race import http_request, run_race, store_audit
 
@@ -101,3 +106,41 @@ async def test_a_stored_model_with_duplicate_tokens_fails_clearly_without_a_runn
             message = json.dumps(answer_json(rest))
             assert "cannot be loaded: duplicate token" in message, path
         assert srv.engines.loads == 0  # no runner was started for it
+
+
+async def test_error_bodies_name_models_and_digests_not_paths(
+    api_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = b"a blob for a read-only store"
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    cases: list[tuple[str, str, Any, str]] = [
+        ("POST", "/api/create", {"model": "x", "from": "tiny", "system": "s", "stream": False},
+         'create "x:latest": write blob sha256:'),
+        ("POST", "/api/copy", {"source": "tiny", "destination": "y"},
+         'write manifest for "y:latest": '),
+        ("DELETE", "/api/delete", {"model": "tiny"}, 'delete model "tiny:latest": '),
+        ("POST", f"/api/blobs/{digest}", data, f"write blob {digest}: "),
+    ]  # fmt: skip
+    async with api_server() as srv:
+        host, port = host_port(srv.url)
+        root = str(srv.store.root)
+        with read_only(srv.store.root, monkeypatch):
+            for method, path, body, words in cases:
+                kwargs = {"data": body} if isinstance(body, bytes) else {"body": body}
+                status, rest = await trio.to_thread.run_sync(
+                    lambda m=method, p=path, k=kwargs: http_request(host, port, m, p, **k)
+                )
+                message = answer_json(rest)["error"]
+                assert status == 500, path
+                assert message.startswith(words), message
+                assert message.endswith(("read-only file system", "permission denied")), message
+                assert root not in message
+                assert "/" not in message.removeprefix(words)
+
+
+def test_paths_into_the_store_are_cut_from_any_error_message() -> None:
+    blob = "sha256-" + "ab" * 32
+    load = RunnerStartError(f"llama_model_load: failed to open '/srv/models/blobs/{blob}': bad")
+    assert message_for(load) == f"llama_model_load: failed to open '{blob}': bad"
+    unexpected = OSError(errno.EROFS, "Read-only file system", "/srv/models/manifests/a/b/c/d")
+    assert message_for(unexpected) == "read-only file system"

@@ -6,12 +6,19 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ..config import Settings
-from ..errors import CapabilityError, InvalidRequestError, ModelNotFoundError, RunnerStartError
+from ..errors import (
+    CapabilityError,
+    GGUFError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    RunnerStartError,
+)
 from ..gguf import ArraySummary, GGUFInfo
 from ..model_info import read_model_info
 from ..modelfile import Message, Modelfile, render_modelfile, render_parameters
@@ -86,7 +93,9 @@ class ApiContext:
         try:
             return await read_model_info(path)
         except FileNotFoundError:
-            raise ModelNotFoundError(f"model file {path} not found") from None
+            raise ModelNotFoundError(f"model blob {Path(path).name} not found") from None
+        except GGUFError as exc:  # the reader's words, with the blob's name for its path
+            raise GGUFError(str(exc).replace(path, Path(path).name)) from None
 
     async def capabilities(self, model: Model) -> list[str]:
         assert model.model_path is not None

@@ -28,6 +28,7 @@ from .manifest import (
     MEDIA_TEMPLATE,
     Layer,
     Manifest,
+    StorageError,
     config_json,
     go_json,
     parse_digest,
@@ -191,6 +192,16 @@ class _Step:
 
 def run_create(store: ModelStore, request: CreateRequest) -> Iterator[dict[str, Any]]:
     """Build and write the manifest, yielding Ollama's progress statuses."""
+    try:
+        yield from _create_steps(store, request)
+    except StorageError as exc:  # "write blob sha256:...": say for which model
+        shown = request.name.display_shortest
+        if f'"{shown}"' in str(exc):
+            raise
+        raise StorageError(f'create "{shown}": {exc}') from None
+
+
+def _create_steps(store: ModelStore, request: CreateRequest) -> Iterator[dict[str, Any]]:
     with store.pinned() as pins:
         target = request.name
         config_extra: dict[str, Any] = {}

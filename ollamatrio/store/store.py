@@ -41,8 +41,11 @@ from .manifest import (
     MEDIA_SYSTEM,
     MEDIA_TEMPLATE,
     Manifest,
+    StorageError,
     StoreError,
     blob_filename,
+    on_disk,
+    os_reason,
     parse_digest,
 )
 from .names import ModelName, parse_name
@@ -182,7 +185,8 @@ class BlobWriter:
     def __init__(self, store: ModelStore, expected: str | None = None) -> None:
         self._store = store
         self._expected = parse_digest(expected) if expected is not None else None
-        with store._lock:  # registered before prune can see it
+        self._action = f"write blob {self._expected or '(new)'}"
+        with store._lock, on_disk(self._action):  # registered before prune can see it
             fd, tmp = tempfile.mkstemp(dir=store.blobs_dir, prefix=_TEMP_PREFIX + "sha256-")
             self._tmp = Path(tmp)
             store._temps.add(self._tmp)
@@ -199,10 +203,11 @@ class BlobWriter:
             return
         self._hash.update(data)
         n = len(data)
-        if n >= _HOLE_MIN and bytes(data).count(0) == n:
-            self._file.seek(n, os.SEEK_CUR)
-        else:
-            self._file.write(data)
+        with on_disk(self._action):
+            if n >= _HOLE_MIN and bytes(data).count(0) == n:
+                self._file.seek(n, os.SEEK_CUR)
+            else:
+                self._file.write(data)
         self.size += n
 
     def commit(self, pins: PinSet | None = None) -> str:
@@ -214,14 +219,16 @@ class BlobWriter:
         if self.digest is not None:
             return self.digest
         try:
-            self._file.truncate(self.size)  # materialises a trailing hole
-            self._file.close()
             digest = "sha256:" + self._hash.hexdigest()
+            with on_disk(f"write blob {digest}"):
+                self._file.truncate(self.size)  # materialises a trailing hole
+                self._file.close()
             if self._expected is not None and digest != self._expected:
                 raise InvalidRequestError(
                     f'digest mismatch, expected "{self._expected}", got "{digest}"'
                 )
-            self.created = self._store._install_blob(self._tmp, digest, pins)
+            with on_disk(f"store blob {digest}"):
+                self.created = self._store._install_blob(self._tmp, digest, pins)
         except BaseException:
             self.abort()
             raise
@@ -276,7 +283,9 @@ class ModelStore:
     def _confined(self, path: Path) -> Path:
         """``path`` itself, after checking that it (and any link on it) stays in the store."""
         if not path.resolve().is_relative_to(self._real_root):
-            raise StoreError(f"refusing {path}: it points outside the model store")
+            log.error("refusing %s: it points outside the model store", path)
+            where = path.relative_to(self.root) if path.is_relative_to(self.root) else path.name
+            raise StoreError(f"refusing {where}: it points outside the model store")
         return path
 
     def blob_path(self, digest: str) -> Path:
@@ -441,18 +450,19 @@ class ModelStore:
                     raise StoreError(f"cannot write manifest: blob {digest} is missing")
             target = self._name_for_write(parse_name(name))
             path = self.manifests_dir.joinpath(*target.parts)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._confined(path)
-            replaced = self._digests_of(path) if path.is_file() else set()
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TEMP_PREFIX)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            with on_disk(f'write manifest for "{target.display_shortest}"'):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._confined(path)
+                replaced = self._digests_of(path) if path.is_file() else set()
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TEMP_PREFIX)
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                    os.chmod(tmp, 0o644)
+                    os.replace(tmp, path)
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
             self.generation += 1
             if not self.noprune:
                 self.remove_unreferenced(replaced - parsed.digests())
@@ -526,6 +536,10 @@ class ModelStore:
                 f'model "{name.display_shortest}" is incomplete ({missing} is missing), '
                 "try pulling it again"
             ) from None
+        except OSError as exc:  # no permission, an I/O error: say which model, not where
+            action = f'read model "{name.display_shortest}"'
+            log.error("%s: %s", action, exc)
+            raise StorageError(f"{action}: {os_reason(exc)}") from None
 
     def _model_from(
         self, name: ModelName, manifest: Manifest, digest: str, mtime: float, check_blobs: bool
@@ -613,8 +627,9 @@ class ModelStore:
                     f'model "{source if isinstance(source, str) else src.display_shortest}" '
                     "not found"
                 )
-            _, src_path = found
-            data = self._confined(src_path).read_bytes()
+            stored, src_path = found
+            with on_disk(f'read model "{stored.display_shortest}"'):
+                data = self._confined(src_path).read_bytes()
             target = self._name_for_write(dst)
             if self.manifests_dir.joinpath(*target.parts) == src_path:
                 return target
@@ -629,9 +644,10 @@ class ModelStore:
             if found is None:
                 shown = name if isinstance(name, str) else model_name.display_shortest
                 raise ModelNotFoundError(f"model '{shown}' not found")
-            _, path = found
+            stored, path = found
             digests = self._digests_of(path)
-            self._confined(path).unlink()
+            with on_disk(f'delete model "{stored.display_shortest}"'):
+                self._confined(path).unlink()
             self.generation += 1
             self._loaded.pop(path, None)
             self._prune_dirs(self.manifests_dir)
