@@ -6,7 +6,8 @@ holding one tiny generated model (``race-base``), runs ``ollamatrio.testing.stor
 clients (``--threads`` threads, for ``--seconds`` or ``--operations`` each) creating,
 copying and deleting three names, stops the server with SIGTERM and audits the store's
 folder: blob files no manifest references (orphans) and blobs a manifest names that are
-missing.  Exits 1 on any 5xx, orphan or missing blob.
+missing.  Exits 1 on any 5xx, orphan or missing blob.  ``--pythonpath`` runs the server
+from another tree (the clients and the audit stay this tree's).
 
     .venv/bin/python scripts/store_race.py --threads 8 --seconds 40
 """
@@ -58,6 +59,9 @@ def main() -> int:
     parser.add_argument("--operations", type=int, default=None, help="per thread")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument(
+        "--pythonpath", help="PYTHONPATH of the server (another tree, e.g. from git archive)"
+    )
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="ollamatrio-store-race-"))
@@ -68,6 +72,8 @@ def main() -> int:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OLLAMA", "OLLAMATRIO"))}
     env.update(OLLAMA_HOST=f"127.0.0.1:{port}", OLLAMA_MODELS=str(models))
+    if args.pythonpath:
+        env["PYTHONPATH"] = args.pythonpath
     with open(root / "server.log", "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ollamatrio", "serve"],

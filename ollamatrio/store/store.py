@@ -283,7 +283,7 @@ class ModelStore:
     def _confined(self, path: Path) -> Path:
         """``path`` itself, after checking that it (and any link on it) stays in the store."""
         if not path.resolve().is_relative_to(self._real_root):
-            log.error("refusing %s: it points outside the model store", path)
+            log.warning("refusing %s: it points outside the model store", path)
             where = path.relative_to(self.root) if path.is_relative_to(self.root) else path.name
             raise StoreError(f"refusing {where}: it points outside the model store")
         return path
