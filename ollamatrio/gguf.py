@@ -17,8 +17,8 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
@@ -35,7 +35,7 @@ from gguf import (
 
 from ollamatrio.errors import GGUFError
 
-__all__ = ["ArraySummary", "GGUFInfo", "TensorInfo", "is_gguf", "read_gguf"]
+__all__ = ["ArraySummary", "DuplicateToken", "GGUFInfo", "TensorInfo", "is_gguf", "read_gguf"]
 
 MAGIC: Final = b"GGUF"
 SUPPORTED_VERSIONS: Final = (2, 3)
@@ -112,6 +112,21 @@ class TensorInfo:
 PerLayer = int | tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class DuplicateToken:
+    """A token text the vocabulary lists at two ids (llama.cpp cannot load such a file)."""
+
+    text: str
+    first: int
+    second: int
+
+    def __str__(self) -> str:
+        return (
+            f"duplicate token {self.text!r} in the vocabulary (ids {self.first} and "
+            f"{self.second}): llama.cpp cannot load it"
+        )
+
+
 @dataclass(frozen=True, eq=False)
 class GGUFInfo:
     """Everything in a GGUF header, plus the derived hyperparameters callers ask for."""
@@ -123,6 +138,8 @@ class GGUFInfo:
     alignment: int
     metadata: Mapping[str, Any]  # every key; long arrays as ArraySummary
     tensors: tuple[TensorInfo, ...]
+    #: File offset of the first item of each string array (to read one again in full).
+    string_arrays: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     # -- architecture hyperparameters ------------------------------------------------------
 
@@ -238,6 +255,35 @@ class GGUFInfo:
     @property
     def ssm_group_count(self) -> int | None:
         return self._arch_int(Keys.SSM.GROUP_COUNT)
+
+    @cached_property
+    def duplicate_token(self) -> DuplicateToken | None:
+        """The first token string the vocabulary lists twice, or None.
+
+        llama.cpp maps token text to id and aborts the whole process
+        (``GGML_ASSERT(id_to_token.size() == token_to_id.size())``) when two ids share a
+        text, so such a file can never load.  It compares the raw bytes and names an empty
+        token ``[EMPTY_<id>]``; so does this.  Reads the token list from the file once
+        (tens of milliseconds for a 150,000-token vocabulary): call it in a worker thread.
+        """
+        offset = self.string_arrays.get(Keys.Tokenizer.LIST)
+        if offset is None or self.metadata.get(Keys.Tokenizer.MODEL) in ("none", "no_vocab"):
+            return None
+        count = len(self.metadata[Keys.Tokenizer.LIST])
+        seen: dict[bytes, int] = {}
+        try:
+            with open(self.path, "rb", buffering=0) as f:
+                parser = _Parser(f, self.path, os.fstat(f.fileno()).st_size)
+                parser.base = offset
+                for index, text in enumerate(parser.raw_strings(count, Keys.Tokenizer.LIST)):
+                    if not text:
+                        text = f"[EMPTY_{index}]".encode()
+                    first = seen.setdefault(text, index)
+                    if first != index:
+                        return DuplicateToken(text.decode("utf-8", "replace"), first, index)
+        except OSError as exc:
+            raise GGUFError(f"{self.path}: read failed: {exc.strerror or exc}") from exc
+        return None
 
     # -- tensors ---------------------------------------------------------------------------
 
@@ -405,6 +451,9 @@ class _Parser:
         return value
 
     def string(self, what: str) -> str:
+        return self.raw_string(what).decode("utf-8", errors="replace")
+
+    def raw_string(self, what: str) -> bytes:
         n = self.u64(what)
         if n > MAX_STRING_BYTES:
             raise self.error(
@@ -419,7 +468,28 @@ class _Parser:
         self.need(n, what)
         raw = self.buf[self.pos : self.pos + n]
         self.pos += n
-        return raw.decode("utf-8", errors="replace")
+        return raw
+
+    def raw_strings(self, n: int, key: str) -> Iterator[bytes]:
+        """``n`` length-prefixed strings as bytes: the vocabulary's hot loop, as
+        :meth:`skip_strings` (items whole in the buffer are sliced straight out of it)."""
+        unpack = _U64.unpack_from
+        done = 0
+        while done < n:
+            buf, pos = self.buf, self.pos
+            end = len(buf)
+            while done < n and pos + 8 <= end:
+                start = pos + 8
+                stop = start + unpack(buf, pos)[0]
+                if stop > end:
+                    break
+                yield buf[start:stop]
+                pos = stop
+                done += 1
+            self.pos = pos
+            if done < n:  # the next item crosses the buffer's end: read it the slow way
+                yield self.raw_string(f"item of {key!r}")
+                done += 1
 
     # -- metadata values ------------------------------------------------------------------
 
@@ -519,11 +589,15 @@ class _Parser:
         self.check_counts(n_tensors, n_kv)
 
         metadata: dict[str, Any] = {}
+        string_arrays: dict[str, int] = {}
         for i in range(n_kv):
             key = self.string(f"metadata key #{i}")
             if key in metadata:
                 raise self.error(f"duplicate metadata key {key!r}")
-            metadata[key] = self.value(self.value_type(f"metadata key {key!r}"), key)
+            vtype = self.value_type(f"metadata key {key!r}")
+            if vtype == GGUFValueType.ARRAY:
+                string_arrays[key] = self.offset + 12  # past the item type and count
+            metadata[key] = self.value(vtype, key)
         _check_known_keys(self, metadata)
         alignment = metadata.get(Keys.General.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
@@ -540,6 +614,13 @@ class _Parser:
             alignment=alignment,
             metadata=MappingProxyType(metadata),
             tensors=tuple(tensors),
+            string_arrays=MappingProxyType(
+                {
+                    key: offset
+                    for key, offset in string_arrays.items()
+                    if _is_string_array(metadata[key])
+                }
+            ),
         )
 
     def check_counts(self, n_tensors: int, n_kv: int) -> None:
@@ -666,6 +747,12 @@ def _check_known_keys(parser: _Parser, metadata: Mapping[str, Any]) -> None:
                 isinstance(value, list) and all(isinstance(v, int) for v in value)
             )
             expect(key, ok, "an integer or a per-layer integer array")
+
+
+def _is_string_array(value: object) -> bool:
+    if isinstance(value, ArraySummary):
+        return value.item_type == GGUFValueType.STRING
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def _is_int(value: object) -> bool:

@@ -7,10 +7,12 @@ its hot path.  Reads of uncached files go to a worker thread.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 
 import trio
 
+from .errors import GGUFError
 from .gguf import GGUFInfo, read_gguf
 
 _MAX_ENTRIES = 512
@@ -38,5 +40,14 @@ def read_cached(path: str) -> GGUFInfo:
 async def read_model_info(path: str) -> GGUFInfo:
     info = _cache.get(path)
     if info is None:
-        info = _remember(path, await trio.to_thread.run_sync(read_gguf, path))
+        info = _remember(path, await trio.to_thread.run_sync(_read_and_check, path))
+    return info
+
+
+def _read_and_check(path: str) -> GGUFInfo:
+    """The header, with the vocabulary checked in the same worker thread (a file read, so
+    never on the event loop; then remembered with the header)."""
+    info = read_gguf(path)
+    with contextlib.suppress(GGUFError):  # the header read is what reports a bad file
+        _ = info.duplicate_token
     return info

@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType as VT
 from gguf import PoolingType
 
+import ollamatrio.gguf as ollamatrio_gguf
 from ollamatrio.errors import GGUFError
 from ollamatrio.gguf import ArraySummary, GGUFInfo, is_gguf, read_gguf
 from ollamatrio.testing import CHATML, write_tiny_gguf
@@ -590,3 +591,54 @@ def test_info_is_read_only(tiny_gguf: TinyGGUF) -> None:
         info.metadata["general.name"] = "x"  # type: ignore[index]
     with pytest.raises(AttributeError):
         info.version = 2  # type: ignore[misc]
+
+
+# -- a vocabulary llama.cpp cannot load ---------------------------------------------------
+
+
+@pytest.mark.parametrize("tokenizer", ["llama", "gpt2"])
+def test_duplicate_token_is_found(tiny_gguf: TinyGGUF, tokenizer: str) -> None:
+    assert read_gguf(tiny_gguf(tokenizer=tokenizer)).duplicate_token is None
+    found = read_gguf(tiny_gguf(corrupt="duplicate_tokens", tokenizer=tokenizer)).duplicate_token
+    assert found is not None
+    assert (found.first, found.second) == (298, 299)
+    assert str(found).startswith(f"duplicate token {found.text!r} in the vocabulary (ids 298")
+
+
+def test_duplicate_token_across_read_buffers(
+    tiny_gguf: TinyGGUF, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ollamatrio_gguf, "_CHUNK", 16)  # nearly every item crosses a refill
+    for corrupt, expected in ((None, None), ("duplicate_tokens", (998, 999))):
+        info = read_gguf(tiny_gguf(vocab=1000, corrupt=corrupt), cache=False)
+        found = info.duplicate_token
+        assert (found.first, found.second) == expected if expected else found is None
+
+
+@pytest.mark.parametrize(
+    ("tokens", "expected"),
+    [
+        (["a", "b", "a"], (0, 2)),  # a short list, decoded with the header
+        (["", "x", ""], None),  # llama.cpp names empty tokens [EMPTY_<id>]
+        (["", "[EMPTY_0]"], (0, 1)),  # ... which can collide with a real one
+        (["\ufffd", "\ufffd"], (0, 1)),
+    ],
+)
+def test_duplicate_token_compares_as_llama_cpp(
+    tmp_path: Path, tokens: list[str], expected: tuple[int, int] | None
+) -> None:
+    path = write_tiny_gguf(tmp_path / "m.gguf", extra_metadata={"tokenizer.ggml.tokens": tokens})
+    found = read_gguf(path).duplicate_token
+    assert (found.first, found.second) == expected if expected else found is None
+
+
+def test_no_vocab_has_no_duplicates(tmp_path: Path) -> None:
+    path = write_tiny_gguf(
+        tmp_path / "m.gguf",
+        extra_metadata={"tokenizer.ggml.model": "no_vocab", "tokenizer.ggml.tokens": ["a", "a"]},
+    )
+    assert read_gguf(path).duplicate_token is None
+
+
+def test_smollm2_has_no_duplicate_token(smollm2_path: Path) -> None:
+    assert read_gguf(smollm2_path).duplicate_token is None

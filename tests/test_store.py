@@ -384,6 +384,16 @@ def test_create_refuses_a_file_that_is_not_gguf(store: ModelStore) -> None:
     assert not store.exists("x")
 
 
+def test_create_refuses_a_gguf_with_duplicate_tokens(
+    store: ModelStore, tiny_gguf: TinyGGUF
+) -> None:
+    digest = upload(store, tiny_gguf(corrupt="duplicate_tokens"))
+    with pytest.raises(InvalidRequestError, match=r"invalid model file: duplicate token '.*' in"):
+        list(create_model(store, "x", files={"x.gguf": digest}))
+    assert not store.exists("x")
+    assert blob_names(store) == {digest.replace(":", "-")}  # the upload stays, as Ollama's
+
+
 def test_replacing_a_model_drops_its_unshared_blobs(store: ModelStore, gguf_path: Path) -> None:
     digest = upload(store, gguf_path)
     list(create_model(store, "tiny", files={"t.gguf": digest}, system="first"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from quart import Response, request
@@ -55,7 +56,9 @@ def drain_of(app: QuartTrio) -> Drain:
 
 
 def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> QuartTrio:
-    app = _App("ollamatrio")
+    # An explicit root: Quart would look it up from the package's __file__, which is None
+    # when a folder named ollamatrio/ in the working directory shadows an editable install.
+    app = _App("ollamatrio", root_path=str(Path(__file__).resolve().parent))
     app.config.update(
         RESPONSE_TIMEOUT=None,  # Quart's 60 s default would cut long generations silently
         BODY_TIMEOUT=None,  # blob uploads take as long as they take

@@ -7,6 +7,7 @@ unknown models 404, a full queue 503, anything else 500.
 from __future__ import annotations
 
 import logging
+import re
 
 from quart import Response
 from werkzeug.exceptions import HTTPException
@@ -19,6 +20,7 @@ from ..errors import (
     RequestTooLargeError,
     SchedulerClosedError,
 )
+from ..store import os_reason
 from ..wire import json_bytes
 
 log = logging.getLogger(__name__)
@@ -42,14 +44,29 @@ def status_for(exc: BaseException) -> int:
     return 500
 
 
+# A path into the model store, as OS errors and llama.cpp's messages spell them.
+_STORE_PATH = re.compile(r"""[^\s'"]*/(blobs/sha256-[0-9a-fA-F]{64}[^\s'"]*|manifests/[^\s'"]+)""")
+
+
 def message_for(exc: BaseException) -> str:
+    """The body's words: never a server path (the log has those).  Store errors name the
+    model or digest themselves; an OS error that gets here unwrapped is its reason only,
+    and a path into the store elsewhere (a runner's load error) is cut to its blob's or
+    manifest's name."""
     if isinstance(exc, HTTPException):
         return (
             (exc.description or exc.name).rstrip(".").lower()
             if exc.code != 404
             else ("404 page not found")
         )
-    return str(exc) or type(exc).__name__
+    if isinstance(exc, OSError):
+        return os_reason(exc)
+    return _STORE_PATH.sub(_store_name, str(exc)) or type(exc).__name__
+
+
+def _store_name(match: re.Match[str]) -> str:
+    found = match.group(1)
+    return found.removeprefix("blobs/") if found.startswith("blobs/") else found
 
 
 def error_headers(status: int) -> dict[str, str]:

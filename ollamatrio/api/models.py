@@ -6,12 +6,19 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ..config import Settings
-from ..errors import CapabilityError, InvalidRequestError, ModelNotFoundError
+from ..errors import (
+    CapabilityError,
+    GGUFError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    RunnerStartError,
+)
 from ..gguf import ArraySummary, GGUFInfo
 from ..model_info import read_model_info
 from ..modelfile import Message, Modelfile, render_modelfile, render_parameters
@@ -86,7 +93,9 @@ class ApiContext:
         try:
             return await read_model_info(path)
         except FileNotFoundError:
-            raise ModelNotFoundError(f"model file {path} not found") from None
+            raise ModelNotFoundError(f"model blob {Path(path).name} not found") from None
+        except GGUFError as exc:  # the reader's words, with the blob's name for its path
+            raise GGUFError(str(exc).replace(path, Path(path).name)) from None
 
     async def capabilities(self, model: Model) -> list[str]:
         assert model.model_path is not None
@@ -151,6 +160,14 @@ def capabilities(model: Model, info: GGUFInfo) -> list[str]:
         if isinstance(extra, str) and extra not in caps:
             caps.append(extra)
     return [str(c) for c in caps]
+
+
+def require_loadable(name: str, info: GGUFInfo) -> None:
+    """A model llama.cpp would abort on at every load (one in the store from before this
+    check, or from another server) fails here with the reason, before a runner starts."""
+    duplicate = info.duplicate_token  # read with the header (model_info.py)
+    if duplicate is not None:
+        raise RunnerStartError(f'model "{name}" cannot be loaded: {duplicate}')
 
 
 def require(name: str, caps: list[str], cap: str, label: str | None = None) -> None:

@@ -18,7 +18,7 @@ from ..generation.requests import ChatRequest, EmbedRequest, GenerateRequest
 from ..gguf import GGUFInfo
 from ..scheduler import ModelRequest
 from ..store import Model
-from .models import ApiContext, capabilities, require
+from .models import ApiContext, capabilities, require, require_loadable
 from .requests import merge_options
 
 
@@ -59,6 +59,7 @@ async def prepare(ctx: ApiContext, req: GenerateRequest | ChatRequest) -> Prepar
         ctx.scheduler.unload(str(model.model_path))
         return None
     info = await ctx.gguf(str(model.model_path))
+    require_loadable(req.model, info)
     caps = capabilities(model, info)
     require(req.model, caps, "completion", "chat" if isinstance(req, ChatRequest) else "generate")
     if req.has_images:
@@ -87,7 +88,10 @@ async def embed(ctx: ApiContext, req: EmbedRequest) -> Embedded:
     started = trio.current_time()
     refuse_when_queue_full(ctx)
     model = await ctx.resolve(req.model)
-    caps = await ctx.capabilities(model)
+    assert model.model_path is not None
+    info = await ctx.gguf(str(model.model_path))
+    require_loadable(req.model, info)
+    caps = capabilities(model, info)
     merged = merge_options(model.params, req.options)
     # Any model can embed: a chat model gets a runner of its own in embedding mode.
     model_request = ctx.model_request(model, merged, req.keep_alive, caps, embedding=True)

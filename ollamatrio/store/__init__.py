@@ -14,8 +14,10 @@ from .manifest import (
     MEDIA_TEMPLATE,
     Layer,
     Manifest,
+    StorageError,
     StoreError,
     blob_filename,
+    os_reason,
     parse_digest,
 )
 from .names import (
@@ -52,10 +54,12 @@ __all__ = [
     "ModelStore",
     "PinSet",
     "PruneResult",
+    "StorageError",
     "StoreError",
     "blob_filename",
     "create_model",
     "import_gguf",
+    "os_reason",
     "parse_digest",
     "parse_name",
 ]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GGUFError, InvalidRequestError, ModelNotFoundError
-from ..gguf import GGUFInfo, read_gguf
+from ..gguf import DuplicateToken, GGUFInfo, read_gguf
 from .manifest import (
     CONFIG_MEDIA_TYPE,
     MEDIA_ADAPTER,
@@ -28,7 +28,7 @@ from .manifest import (
     MEDIA_TEMPLATE,
     Layer,
     Manifest,
-    StoreError,
+    StorageError,
     config_json,
     go_json,
     parse_digest,
@@ -192,9 +192,18 @@ class _Step:
 
 def run_create(store: ModelStore, request: CreateRequest) -> Iterator[dict[str, Any]]:
     """Build and write the manifest, yielding Ollama's progress statuses."""
+    try:
+        yield from _create_steps(store, request)
+    except StorageError as exc:  # "write blob sha256:...": say for which model
+        shown = request.name.display_shortest
+        if f'"{shown}"' in str(exc):
+            raise
+        raise StorageError(f'create "{shown}": {exc}') from None
+
+
+def _create_steps(store: ModelStore, request: CreateRequest) -> Iterator[dict[str, Any]]:
     with store.pinned() as pins:
         target = request.name
-        old = _existing_manifest(store, target)
         config_extra: dict[str, Any] = {}
         steps: list[_Step] = []
         if request.from_model is not None:
@@ -231,18 +240,9 @@ def run_create(store: ModelStore, request: CreateRequest) -> Iterator[dict[str, 
         for step in steps:
             yield {"status": step.status}
         yield {"status": "writing manifest"}
+        # Writing it removes the blobs only the manifest it replaces used (store.py).
         store.write_manifest(target, Manifest(config=config_layer, layers=tuple(layers)))
-        if old is not None and not store.noprune:
-            store.remove_unreferenced(old.digests())
         yield {"status": "success"}
-
-
-def _existing_manifest(store: ModelStore, name: ModelName) -> Manifest | None:
-    """The manifest ``name`` has now, whose unshared blobs go once it is replaced."""
-    try:
-        return store.read_manifest(name) if store.exists(name) else None
-    except (StoreError, OSError):
-        return None  # unreadable: leave its blobs to a later prune
 
 
 def _from_model(
@@ -274,11 +274,23 @@ def _read(path: Any) -> GGUFInfo:
         raise InvalidRequestError(f"{NOT_GGUF}: {reason}") from None
 
 
+def _read_tokens(path: Path, info: GGUFInfo) -> DuplicateToken | None:
+    try:
+        return info.duplicate_token
+    except GGUFError as exc:
+        reason = str(exc).removeprefix(f"{path}: ")
+        raise InvalidRequestError(f"{NOT_GGUF}: {reason}") from None
+
+
 def _gguf_step(store: ModelStore, digest: str, pins: PinSet, *, adapter: bool) -> _Step:
     if not store.pin_if_present(digest, pins):
         raise InvalidRequestError(f"blob {digest} not found")
     path = store.blob_path(digest)
     info = _read(path)
+    duplicate = _read_tokens(path, info)
+    if duplicate is not None:
+        # A file llama.cpp aborts on at every load: refused here, not at each use.
+        raise InvalidRequestError(f"invalid model file: {duplicate}")
     kind = info.metadata.get("general.type")
     if adapter or kind == "adapter":
         media = MEDIA_ADAPTER

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +27,34 @@ MEDIA_PARAMS = _IMAGE + "params"
 MEDIA_MESSAGES = _IMAGE + "messages"
 MEDIA_LICENSE = _IMAGE + "license"
 
+log = logging.getLogger("ollamatrio.store")
+
 _DIGEST_RE = re.compile(r"sha256[:-]([0-9a-fA-F]{64})")
 
 
 class StoreError(OllamatrioError):
     """The store's content is damaged or unsafe (bad manifest JSON, a link leaving the store)."""
+
+
+class StorageError(StoreError):
+    """The filesystem refused a store operation (read-only, full, no permission).  Its
+    message names the model or digest and the reason; the path goes to the log only."""
+
+
+def os_reason(exc: OSError) -> str:
+    """An OS error without its file names: ``read-only file system``."""
+    return (exc.strerror or type(exc).__name__).lower()
+
+
+@contextlib.contextmanager
+def on_disk(action: str) -> Iterator[None]:
+    """Report an OS error inside the block as :class:`StorageError` ``"<action>: <reason>"``
+    (``action`` names the model or blob), logging the full error with its paths."""
+    try:
+        yield
+    except OSError as exc:
+        log.error("%s: %s", action, exc)
+        raise StorageError(f"{action}: {os_reason(exc)}") from None
 
 
 def parse_digest(digest: str) -> str:

@@ -40,7 +40,7 @@ from .download import (
     progress_event,
     status_error,
 )
-from .manifest import MANIFEST_MEDIA_TYPE, Layer, Manifest, StoreError
+from .manifest import MANIFEST_MEDIA_TYPE, Layer, Manifest, StoreError, os_reason
 from .names import ModelName, parse_name
 from .store import ModelStore, PinSet
 
@@ -187,7 +187,12 @@ async def _pull_task(
             error = str(exc)
         except Exception as exc:  # a pull must never take the app's nursery down with it
             log.exception("pull of %s failed", model.display_shortest)
-            error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, OSError) else str(exc)
+            # An OS error's file names are the server's paths: the log has them, not the client.
+            error = (
+                f"{type(exc).__name__}: {exc}"
+                if not isinstance(exc, OSError)
+                else f"pull {model.display_shortest}: {os_reason(exc)}"
+            )
         if error is not None:
             log.info("pull of %s failed: %s", model.display_shortest, error)
             with contextlib.suppress(trio.BrokenResourceError):

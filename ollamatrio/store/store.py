@@ -41,8 +41,11 @@ from .manifest import (
     MEDIA_SYSTEM,
     MEDIA_TEMPLATE,
     Manifest,
+    StorageError,
     StoreError,
     blob_filename,
+    on_disk,
+    os_reason,
     parse_digest,
 )
 from .names import ModelName, parse_name
@@ -126,11 +129,18 @@ class PruneResult:
 
 
 class PinSet:
-    """Digests an operation in progress needs; prune and delete leave them alone."""
+    """Digests an operation in progress needs; prune and delete leave them alone.
+
+    A blob the operation itself wrote (:meth:`created`) and a blob whose removal a pin held
+    back are looked at again when the last pin on them goes: whichever no manifest names
+    by then is removed, so an operation that fails, is cut short or loses a race to another
+    writer leaves nothing behind.
+    """
 
     def __init__(self, store: ModelStore) -> None:
         self._store = store
         self._digests: set[str] = set()
+        self._created: set[str] = set()
 
     def add(self, digest: str) -> None:
         digest = parse_digest(digest)
@@ -139,13 +149,28 @@ class PinSet:
                 self._digests.add(digest)
                 self._store._pins[digest] += 1
 
-    def release(self) -> None:
+    def created(self, digest: str) -> None:
+        """Pin ``digest``, a blob this operation put in the store: if no manifest names it
+        once the operation ends, it goes."""
+        digest = parse_digest(digest)
         with self._store._lock:
+            self.add(digest)
+            self._created.add(digest)
+
+    def release(self) -> None:
+        store = self._store
+        with store._lock:
+            unpinned = set()
             for digest in self._digests:
-                self._store._pins[digest] -= 1
-                if self._store._pins[digest] <= 0:
-                    del self._store._pins[digest]
+                store._pins[digest] -= 1
+                if store._pins[digest] <= 0:
+                    del store._pins[digest]
+                    unpinned.add(digest)
+            candidates = self._created | (unpinned & store._held_back)
             self._digests.clear()
+            self._created.clear()
+            if candidates:
+                store.remove_unreferenced(candidates)
 
 
 class BlobWriter:
@@ -160,7 +185,8 @@ class BlobWriter:
     def __init__(self, store: ModelStore, expected: str | None = None) -> None:
         self._store = store
         self._expected = parse_digest(expected) if expected is not None else None
-        with store._lock:  # registered before prune can see it
+        self._action = f"write blob {self._expected or '(new)'}"
+        with store._lock, on_disk(self._action):  # registered before prune can see it
             fd, tmp = tempfile.mkstemp(dir=store.blobs_dir, prefix=_TEMP_PREFIX + "sha256-")
             self._tmp = Path(tmp)
             store._temps.add(self._tmp)
@@ -177,10 +203,11 @@ class BlobWriter:
             return
         self._hash.update(data)
         n = len(data)
-        if n >= _HOLE_MIN and bytes(data).count(0) == n:
-            self._file.seek(n, os.SEEK_CUR)
-        else:
-            self._file.write(data)
+        with on_disk(self._action):
+            if n >= _HOLE_MIN and bytes(data).count(0) == n:
+                self._file.seek(n, os.SEEK_CUR)
+            else:
+                self._file.write(data)
         self.size += n
 
     def commit(self, pins: PinSet | None = None) -> str:
@@ -192,14 +219,16 @@ class BlobWriter:
         if self.digest is not None:
             return self.digest
         try:
-            self._file.truncate(self.size)  # materialises a trailing hole
-            self._file.close()
             digest = "sha256:" + self._hash.hexdigest()
+            with on_disk(f"write blob {digest}"):
+                self._file.truncate(self.size)  # materialises a trailing hole
+                self._file.close()
             if self._expected is not None and digest != self._expected:
                 raise InvalidRequestError(
                     f'digest mismatch, expected "{self._expected}", got "{digest}"'
                 )
-            self.created = self._store._install_blob(self._tmp, digest, pins)
+            with on_disk(f"store blob {digest}"):
+                self.created = self._store._install_blob(self._tmp, digest, pins)
         except BaseException:
             self.abort()
             raise
@@ -238,6 +267,9 @@ class ModelStore:
         self._real_root = self.root.resolve(strict=True)
         self._lock = threading.RLock()
         self._pins: Counter[str] = Counter()  # digests an operation in progress needs
+        # Unreferenced digests whose removal a pin held back: looked at again when the
+        # last pin on them goes (PinSet.release).
+        self._held_back: set[str] = set()
         self._temps: set[Path] = set()  # temporary files of live writers
         # Models read from manifests, by manifest path, with the file's identity when read:
         # a manifest is only ever replaced (never edited in place), so an unchanged
@@ -251,7 +283,9 @@ class ModelStore:
     def _confined(self, path: Path) -> Path:
         """``path`` itself, after checking that it (and any link on it) stays in the store."""
         if not path.resolve().is_relative_to(self._real_root):
-            raise StoreError(f"refusing {path}: it points outside the model store")
+            log.warning("refusing %s: it points outside the model store", path)
+            where = path.relative_to(self.root) if path.is_relative_to(self.root) else path.name
+            raise StoreError(f"refusing {where}: it points outside the model store")
         return path
 
     def blob_path(self, digest: str) -> Path:
@@ -301,13 +335,15 @@ class ModelStore:
         final = self.blob_path(digest)
         with self._lock:
             self._temps.discard(tmp)
-            if pins is not None:
-                pins.add(digest)
             if final.is_file():
+                if pins is not None:
+                    pins.add(digest)
                 tmp.unlink(missing_ok=True)
                 return False
             os.chmod(tmp, 0o644)
             os.replace(tmp, final)
+            if pins is not None:
+                pins.created(digest)
             return True
 
     def _forget_temp(self, tmp: Path) -> None:
@@ -401,6 +437,8 @@ class ModelStore:
 
         Raw bytes (a manifest as a registry served it) are validated and written
         unchanged, so the digest matches the registry's.  Every blob it names must exist.
+        The blobs of the manifest it replaces that no manifest names any more are removed
+        in the same locked step (unless noprune), as Ollama's create and pull do.
         """
         if isinstance(manifest, Manifest):
             data, parsed = manifest.to_bytes(), manifest
@@ -412,19 +450,32 @@ class ModelStore:
                     raise StoreError(f"cannot write manifest: blob {digest} is missing")
             target = self._name_for_write(parse_name(name))
             path = self.manifests_dir.joinpath(*target.parts)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._confined(path)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TEMP_PREFIX)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            with on_disk(f'write manifest for "{target.display_shortest}"'):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._confined(path)
+                replaced = self._digests_of(path) if path.is_file() else set()
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TEMP_PREFIX)
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                    os.chmod(tmp, 0o644)
+                    os.replace(tmp, path)
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
             self.generation += 1
+            if not self.noprune:
+                self.remove_unreferenced(replaced - parsed.digests())
         return hashlib.sha256(data).hexdigest()
+
+    def _digests_of(self, path: Path) -> set[str]:
+        """The blobs the manifest at ``path`` names; none if it cannot be read (its blobs
+        are then left to a later prune)."""
+        try:
+            return self._read_manifest(path)[0].digests()
+        except (StoreError, OSError) as exc:
+            log.warning("manifest %s unreadable, keeping its blobs: %s", path.name, exc)
+            return set()
 
     # -- models --------------------------------------------------------------------------
 
@@ -485,6 +536,10 @@ class ModelStore:
                 f'model "{name.display_shortest}" is incomplete ({missing} is missing), '
                 "try pulling it again"
             ) from None
+        except OSError as exc:  # no permission, an I/O error: say which model, not where
+            action = f'read model "{name.display_shortest}"'
+            log.error("%s: %s", action, exc)
+            raise StorageError(f"{action}: {os_reason(exc)}") from None
 
     def _model_from(
         self, name: ModelName, manifest: Manifest, digest: str, mtime: float, check_blobs: bool
@@ -572,8 +627,9 @@ class ModelStore:
                     f'model "{source if isinstance(source, str) else src.display_shortest}" '
                     "not found"
                 )
-            _, src_path = found
-            data = self._confined(src_path).read_bytes()
+            stored, src_path = found
+            with on_disk(f'read model "{stored.display_shortest}"'):
+                data = self._confined(src_path).read_bytes()
             target = self._name_for_write(dst)
             if self.manifests_dir.joinpath(*target.parts) == src_path:
                 return target
@@ -588,13 +644,10 @@ class ModelStore:
             if found is None:
                 shown = name if isinstance(name, str) else model_name.display_shortest
                 raise ModelNotFoundError(f"model '{shown}' not found")
-            _, path = found
-            try:
-                digests = self._read_manifest(path)[0].digests()
-            except (StoreError, OSError) as exc:
-                log.warning("deleting unreadable manifest %s: %s", path, exc)
-                digests = set()
-            self._confined(path).unlink()
+            stored, path = found
+            digests = self._digests_of(path)
+            with on_disk(f'delete model "{stored.display_shortest}"'):
+                self._confined(path).unlink()
             self.generation += 1
             self._loaded.pop(path, None)
             self._prune_dirs(self.manifests_dir)
@@ -611,15 +664,28 @@ class ModelStore:
                 return None
         return referenced
 
-    def remove_unreferenced(self, candidates: Iterable[str]) -> tuple[int, int]:
+    def remove_unreferenced(
+        self, candidates: Iterable[str], *, hold_back: bool = True
+    ) -> tuple[int, int]:
         """Delete those of ``candidates`` that no manifest references and no operation has
-        pinned; returns (blobs removed, bytes removed)."""
+        pinned; returns (blobs removed, bytes removed).  With ``hold_back`` a pinned one
+        goes when its last pin does, unless a manifest names it by then (:meth:`PinSet.
+        release` looks at it again): the blobs of a deleted or replaced manifest."""
         with self._lock:
+            candidates = set(candidates)
+            if not candidates:
+                return 0, 0
             referenced = self._referenced()
             if referenced is None:
                 return 0, 0
+            unused = candidates - referenced
+            self._held_back -= candidates - unused
+            pinned = unused & self._pins.keys()
+            if hold_back:
+                self._held_back |= pinned
             removed = removed_bytes = 0
-            for digest in set(candidates) - referenced - set(self._pins):
+            for digest in unused - pinned:
+                self._held_back.discard(digest)
                 # The link itself, never its target: unlinking is safe even for a bad link.
                 path = self.blobs_dir / blob_filename(digest)
                 try:
@@ -650,7 +716,9 @@ class ModelStore:
                         continue
                     temps += _remove_temp(entry.path)
             temps += self._remove_manifest_temps()
-            removed, removed_bytes = self.remove_unreferenced(candidates)
+            # The sweep leaves pinned blobs to their operations: a pull keeps what it
+            # downloaded for the next try even if it fails.
+            removed, removed_bytes = self.remove_unreferenced(candidates, hold_back=False)
             self._prune_dirs(self.manifests_dir)
         if removed or temps:
             log.info(
