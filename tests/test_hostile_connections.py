@@ -1,0 +1,210 @@
+"""Hostile connections, over raw sockets: nothing a connection does ends the server, HTTP/2 is
+refused as Ollama's Go server refuses it, a half-closed request is a disconnect (never a
+500), and at SIGTERM new connections are refused at once while streams in flight finish.
+
+- HTTP/2: hypercorn (which serves the connections the front door hands off) switched to its
+  h2 protocol at a prior-knowledge preface or an ``Upgrade: h2c`` request without a body, and
+  a stream whose DATA came after the answer raised ``KeyError`` out of it, out of
+  ``serve_listeners``, and ended the process.
+- Every connection handler runs inside a boundary that logs one line and closes the
+  connection, whatever raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+import trio
+from helpers.hostile_raw import connect, exchange, read_response, read_to_eof, request, status_of
+
+from ollamatrio.engines.simulated import SimulatedBehaviour
+
+SLOW = SimulatedBehaviour(load_seconds=0.01, tokens_per_second=20)
+STREAM = {"model": "tiny", "prompt": "hi", "options": {"num_predict": 40}}  # 2 s at SLOW
+H2C = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n"
+CHUNKED_SHOW = (  # a chunked body: the connection goes to hypercorn
+    b'POST /api/show HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n'
+    b'10\r\n{"model":"tiny"}\r\n0\r\n\r\n'
+)  # fmt: skip
+
+
+class InFlight:
+    """A streamed generation running beside the test: its lines as they come."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.data = bytearray()
+
+    @classmethod
+    async def start(cls, url: str) -> InFlight:
+        stream = await connect(url)
+        await stream.send_all(request("/api/generate", STREAM))
+        flight = cls(stream)
+        while b'"response"' not in flight.data:  # the first token: it is under way
+            flight.data += await stream.receive_some(65536)
+        return flight
+
+    async def finish(self) -> list[dict[str, Any]]:
+        """Read to the stream's end; its lines, which must end with ``done``."""
+        while not self.data.endswith(b"0\r\n\r\n"):
+            chunk = await self.stream.receive_some(65536)
+            assert chunk, bytes(self.data[-300:])
+            self.data += chunk
+        await self.stream.aclose()
+        body = bytes(self.data).partition(b"\r\n\r\n")[2]
+        lines = [json.loads(line) for line in body.split(b"\n") if line.startswith(b"{")]
+        lines = [line for line in lines if "load_progress" not in line]
+        assert lines[-1]["done"] is True, lines[-1]
+        assert "error" not in body.decode()
+        return lines
+
+
+async def still_answers(url: str) -> None:
+    data = request("/api/version", method="GET", extra=b"Connection: close\r\n")
+    response = await exchange(url, data)
+    assert status_of(response) == 200, response
+
+
+# -- HTTP/2 ------------------------------------------------------------------------------
+
+
+def h2_request_with_late_body() -> tuple[h2.connection.H2Connection, bytes, bytes]:
+    """An HTTP/2 client's preface and a request whose HEADERS announce a 2-byte body that
+    comes later (no END_STREAM); and that body's DATA frame."""
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.send_headers(1, [
+        (":method", "POST"), (":path", "/api/show"), (":scheme", "http"),
+        (":authority", "127.0.0.1"), ("content-length", "2"),
+    ])  # fmt: skip
+    first = client.data_to_send()
+    client.send_data(1, b"{}", end_stream=True)
+    return client, first, client.data_to_send()
+
+
+async def drive_late_body(stream: trio.SocketStream, prefix: bytes = b"") -> bytes:
+    """The crash's trigger: preface and HEADERS, wait for the server's answer to that stream
+    (HTTP/2) or to the connection (HTTP/1.1), then the body's DATA.  What the server sent
+    after ``prefix`` is returned (to its close)."""
+    client, first, late = h2_request_with_late_body()
+    await stream.send_all(prefix + first)
+    answer = bytearray()
+    with trio.fail_after(10):
+        while True:
+            try:
+                chunk = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                chunk = b""
+            answer += chunk
+            if not chunk or answer.startswith(b"HTTP/"):
+                break
+            events = client.receive_data(chunk)
+            if any(isinstance(e, h2.events.ResponseReceived) for e in events):
+                break
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        await stream.send_all(late)
+    return bytes(answer) + await read_to_eof(stream)
+
+
+async def test_http2_triggers_leave_the_server_and_a_stream_in_flight_unharmed(api_server) -> None:
+    """The three triggers: the prior-knowledge preface (at the start of a connection, and on
+    a connection already handed to hypercorn) with a body that comes after the answer; an
+    ``Upgrade: h2c`` request.  HTTP/2 is answered 400 and closed; the upgrade is ignored and
+    the request served over HTTP/1.1."""
+    with trio.fail_after(60):
+        async with api_server(behaviour=SLOW) as srv:
+            flight = await InFlight.start(srv.url)
+
+            # 1. The preface at the start: the front door answers it.
+            async with await connect(srv.url) as stream:
+                answer = await drive_late_body(stream)
+            assert status_of(answer) == 400, answer
+            assert answer.startswith(b"HTTP/1.1 400 ")
+            assert b"HTTP/2 is not supported" in answer
+            await still_answers(srv.url)
+
+            # 2. The preface on a connection hypercorn serves (after a chunked request).
+            async with await connect(srv.url) as stream:
+                answer = await drive_late_body(stream, CHUNKED_SHOW)
+            first = await_first_response(answer)
+            assert status_of(first) == 200, answer
+            assert status_of(answer[len(first) :]) == 400, answer
+            await still_answers(srv.url)
+
+            # 3. h2c: the upgrade is ignored (no 101), the request is served over HTTP/1.1,
+            # and the connection speaks HTTP/1.1 after it (another upgrade, then HTTP/2).
+            upgrade = request("/api/tags", method="GET", extra=H2C)
+            async with await connect(srv.url) as stream:
+                await stream.send_all(upgrade)
+                answer = await read_response(stream)
+                assert answer.startswith(b"HTTP/1.1 200 "), answer
+                await stream.send_all(upgrade)
+                answer = await read_response(stream)
+                assert answer.startswith(b"HTTP/1.1 200 "), answer
+                answer = await drive_late_body(stream)
+                assert status_of(answer) == 400, answer
+            # With a body (served by hypercorn as HTTP/1.1 before too).
+            data = request("/api/show", {"model": "tiny"}, extra=H2C)
+            answer = await exchange(srv.url, data, to_eof=False)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+
+            await still_answers(srv.url)
+            lines = await flight.finish()
+            assert len([line for line in lines if not line["done"]]) == 40
+
+
+def await_first_response(data: bytes) -> bytes:
+    """The first response in ``data`` (a ``Content-Length`` body)."""
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+    return head + b"\r\n\r\n" + rest[:length]
+
+
+# -- the boundary --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["hand-off", "front door"])
+async def test_an_error_on_a_connection_closes_it_and_logs_one_line(
+    api_server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    """Whatever raises in a connection's handler (here: hypercorn's per-connection server,
+    or the front door's own head check) closes that connection with one log line."""
+    from ollamatrio.http import front
+
+    class Boom(KeyError):
+        pass
+
+    async def raising_handoff(*args: Any) -> None:
+        raise Boom(1)
+
+    def raising_check(headers: Any) -> None:
+        raise Boom(2)
+
+    if where == "hand-off":
+        monkeypatch.setattr(front, "serve_connection", raising_handoff)
+        trigger = CHUNKED_SHOW
+    else:
+        trigger = request("/api/tags", method="GET")
+    with trio.fail_after(60):
+        async with api_server(behaviour=SLOW) as srv:
+            flight = await InFlight.start(srv.url)
+            if where == "front door":
+                monkeypatch.setattr(front, "head_problem", raising_check)
+            caplog.clear()
+            assert await exchange(srv.url, trigger) == b""  # closed, nothing written
+            monkeypatch.undo()
+            await still_answers(srv.url)
+            await flight.finish()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    assert errors[0].exc_info is None
+    assert errors[0].getMessage().startswith("closed a client connection after an error: Boom: ")
+    assert errors[0].client == "127.0.0.1"  # type: ignore[attr-defined]
