@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import re
+from functools import partial
 from typing import Any
 
 import h2.config
@@ -208,3 +209,48 @@ async def test_an_error_on_a_connection_closes_it_and_logs_one_line(
     assert errors[0].exc_info is None
     assert errors[0].getMessage().startswith("closed a client connection after an error: Boom: ")
     assert errors[0].client == "127.0.0.1"  # type: ignore[attr-defined]
+
+
+# -- half-close ----------------------------------------------------------------------------
+
+
+async def test_a_request_then_half_close_is_a_disconnect_not_a_500(
+    api_server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``shutdown(SHUT_WR)`` after a complete request: Go's server takes the EOF for a client
+    that left (it cancels the request), and so does this one: the work stops, nothing is
+    written (no 500), and the access line says 499, as for any client that left."""
+    caplog.set_level(logging.INFO)
+    async with trio.open_nursery() as nursery:
+        # A registry that never answers: the pull waits on it until the client leaves.
+        serve = partial(trio.serve_tcp, _silent, 0, host="127.0.0.1")
+        registry = (await nursery.start(serve))[0]
+        port = registry.socket.getsockname()[1]
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+        routes = {
+            "/api/generate": {**STREAM, "stream": False},
+            "/api/chat": {**chat, "stream": False},
+            "/v1/chat/completions": chat,
+            "/api/embed": {"model": "tiny-embed", "input": "hi"},
+            "/api/pull": {"model": f"127.0.0.1:{port}/library/x", "insecure": True},
+        }
+        with trio.fail_after(60):
+            async with api_server(behaviour=SLOW) as srv:
+                for path, body in routes.items():
+                    caplog.clear()
+                    response = await exchange(srv.url, request(path, body), half_close=True)
+                    assert b" 500 " not in response, (path, response)
+                    assert response == b"", (path, response)
+                    lines = [r.getMessage() for r in caplog.records]
+                    assert [line for line in lines if re.fullmatch(f"POST {path} 499.*", line)], (
+                        path, lines,
+                    )  # fmt: skip
+                    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], lines
+                # Nothing held: every lease was returned.
+                assert all(r.refs == 0 for r in srv.scheduler.runners())
+                await still_answers(srv.url)
+        nursery.cancel_scope.cancel()
+
+
+async def _silent(stream: trio.SocketStream) -> None:
+    await trio.sleep_forever()
