@@ -15,8 +15,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
+import signal
+import subprocess
+import sys
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import h2.config
@@ -27,6 +32,7 @@ import trio
 from helpers.hostile_raw import connect, exchange, read_response, read_to_eof, request, status_of
 
 from ollamatrio.engines.simulated import SimulatedBehaviour
+from ollamatrio.store import ModelStore, import_gguf
 
 SLOW = SimulatedBehaviour(load_seconds=0.01, tokens_per_second=20)
 STREAM = {"model": "tiny", "prompt": "hi", "options": {"num_predict": 40}}  # 2 s at SLOW
@@ -254,3 +260,86 @@ async def test_a_request_then_half_close_is_a_disconnect_not_a_500(
 
 async def _silent(stream: trio.SocketStream) -> None:
     await trio.sleep_forever()
+
+
+# -- SIGTERM: refuse new connections at once ------------------------------------------------
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a real server process and its signals")
+async def test_at_sigterm_new_connections_are_refused_at_once_and_streams_finish(
+    tmp_path: Path, tiny_gguf: Any
+) -> None:
+    """``python -m ollamatrio serve``: within 0.5 s of SIGTERM a new connection is refused
+    (it was accepted into the kernel's backlog and never answered: the process kept a
+    duplicate of its listening socket), while a stream in flight runs to its end."""
+    store = ModelStore(tmp_path / "models")
+    for _ in import_gguf(store, "tiny", tiny_gguf()):
+        pass
+    env = {
+        **os.environ, "OLLAMA_HOST": "127.0.0.1:0", "OLLAMA_MODELS": str(tmp_path / "models"),
+        "OLLAMATRIO_ENGINE": "simulated",
+        "OLLAMATRIO_SIMULATED_ENGINE": json.dumps({"default": {"load_seconds": 0.01,
+                                                               "tokens_per_second": 20}}),
+    }  # fmt: skip
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "ollamatrio", "serve"], env=env, stderr=subprocess.PIPE
+    )
+    assert proc.stderr is not None
+    log = bytearray()
+    said: dict[bytes, trio.Event] = {
+        b"Listening on": trio.Event(),
+        b"received SIGTERM": trio.Event(),
+    }
+
+    async def read_log() -> None:
+        assert proc.stderr is not None
+        while chunk := await proc.stderr.receive_some():
+            log.extend(chunk)
+            for text, event in said.items():
+                if text in log:
+                    event.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_log)
+            with trio.fail_after(60):
+                await said[b"Listening on"].wait()
+                url = re.search(rb"Listening on (http://\S+)", log).group(1).decode()  # type: ignore[union-attr]
+                flight = await InFlight.start(url)
+                proc.send_signal(signal.SIGTERM)
+                signalled = trio.current_time()
+                await said[b"received SIGTERM"].wait()
+                # A connection accepted just before the listener closed is served; after
+                # that, every new one is refused.
+                while (outcome := await _new_connection(url)) == "200":
+                    assert trio.current_time() - signalled < 0.5, "still accepting"
+                refused_after = trio.current_time() - signalled
+                assert outcome in ("refused", "reset", "503"), outcome
+                assert refused_after < 0.5, refused_after
+                lines = await flight.finish()
+                assert len([line for line in lines if not line["done"]]) == 40
+                assert await proc.wait() == 0, log.decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+        await proc.stderr.aclose()
+
+
+async def _new_connection(url: str) -> str:
+    """What a new client meets: ``refused`` (connect fails), ``reset`` (closed without an
+    answer), ``503``, another status, or ``no answer`` (nothing within 2 s)."""
+    try:
+        stream = await connect(url)
+    except OSError:
+        return "refused"
+    async with stream:
+        with trio.move_on_after(2):
+            try:
+                await stream.send_all(request("/api/version", method="GET"))
+                response = await read_response(stream)
+            except (trio.BrokenResourceError, OSError):
+                return "reset"
+            return str(status_of(response)) if response else "reset"
+    return "no answer"
