@@ -228,6 +228,10 @@ async def _serve_until_signal(
             settings, shutdown_trigger=stop.wait, listener=listener,
             model_config=model_config, task_status=task_status,
         ))  # fmt: skip
+        # The server listens on its own duplicate of the socket now.  Ours would keep the
+        # kernel's listening socket open after the server closes its copy at shutdown: new
+        # connections would be accepted into the backlog and never answered, not refused.
+        listener.close()
         log.info("Listening on %s (version %s)", ", ".join(binds), _version())
         await stop.wait()
         # serve() returns once drained; the signal task has already finished.

@@ -17,7 +17,7 @@ from ..http.cors import CorsAnswer, OriginPolicy, cors_answer
 from ..http.drain import Drain
 from ..http.host_guard import allowed_host, is_loopback_bind
 from ..observability.events import EventsRoute
-from ..observability.metrics import CONTENT_TYPE, OTHER_ENDPOINT, ServerMetrics
+from ..observability.metrics import CLIENT_CLOSED, CONTENT_TYPE, OTHER_ENDPOINT, ServerMetrics
 from ..scheduler import Scheduler
 from ..store import ModelStore
 from .errors import response_for
@@ -47,6 +47,38 @@ class _App(QuartTrio):
             if request.path.startswith("/v1/"):
                 return openai_error_response(exc)
             raise
+
+
+class _LogClientLeft:
+    """ASGI, around Quart: the access line of a request whose client left (or half-closed)
+    before the answer.  Quart then cancels the view, and ``after_request``, which logs every
+    other request's line, never runs."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        left = answered = False
+
+        async def watched_receive() -> Any:
+            nonlocal left
+            message = await receive()
+            left = left or message["type"] == "http.disconnect"
+            return message
+
+        async def watched_send(message: Any) -> None:
+            nonlocal answered
+            answered = answered or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, watched_receive, watched_send)
+        if left and not answered:
+            client = (scope.get("client") or ("",))[0]
+            log.info("%s %s %s", scope["method"], scope["path"], CLIENT_CLOSED,
+                     extra={"client": client})  # fmt: skip
 
 
 def drain_of(app: QuartTrio) -> Drain:
@@ -120,7 +152,13 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
     # front of Quart (api/routes.py); the front door (http/front.py) calls them
     # directly.  Pulls run in the app's nursery, which Quart opens at startup.
     app.stream_routes = GenerationRoutes(
-        app.asgi_app, ctx, drain, origins, guard_hosts, allowed_host, lambda: app.nursery
+        _LogClientLeft(app.asgi_app),
+        ctx,
+        drain,
+        origins,
+        guard_hosts,
+        allowed_host,
+        lambda: app.nursery,
     )
     # Quart types asgi_app with hypercorn's scope and event types; these apps take plain
     # dicts, and mypy refuses assigning to a method at all.

@@ -31,6 +31,7 @@ from ..generation.requests import ChatRequest, GenerateRequest
 from ..http.asgi import ASGIApp
 from ..http.cors import OriginPolicy, cors_answer
 from ..http.drain import Drain
+from ..observability.metrics import CLIENT_CLOSED
 from ..wire import ndjson_line
 from . import native_wire, openai_wire, pipeline, progress
 from .errors import response_for
@@ -211,6 +212,7 @@ class _Exchange:
         self.generation: Generation | None = None  # once a lease is held
         self.arrived = trio.current_time()
         self.nursery: trio.Nursery | None = None  # the request's own, once the body is read
+        self.client_left = False  # before the answer: it closed (or half-closed) its side
 
     # -- sending ------------------------------------------------------------------------
 
@@ -245,6 +247,7 @@ class _Exchange:
         while True:
             message = await self.receive()
             if message["type"] == "http.disconnect":
+                self.client_left = True
                 return None
             data += message.get("body", b"")
             if len(data) > MAX_JSON_BODY:
@@ -255,6 +258,7 @@ class _Exchange:
     async def watch_disconnect(self, scope: trio.CancelScope) -> None:
         while (await self.receive())["type"] != "http.disconnect":
             pass
+        self.client_left = True
         scope.cancel()
 
     async def run(self, route: Callable[[dict[str, Any], float], Awaitable[Plan]]) -> None:
@@ -268,9 +272,12 @@ class _Exchange:
                 metrics.request_done(self.scope["path"], self.status)
                 if self.generation is not None:
                     metrics.generation_done(self.generation)
-            if self.status is not None:
+            # A client that left before the answer: 499, as nginx logs it and the metrics
+            # count it.
+            status = self.status or (CLIENT_CLOSED if self.client_left else None)
+            if status is not None:
                 log.info(
-                    "%s %s %d %.3fs", self.scope["method"], self.scope["path"], self.status,
+                    "%s %s %s %.3fs", self.scope["method"], self.scope["path"], status,
                     trio.current_time() - self.arrived,
                     extra={"client": (self.scope.get("client") or ("",))[0]},
                 )  # fmt: skip

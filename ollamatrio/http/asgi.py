@@ -105,16 +105,21 @@ class Exchange:
 
     async def run(self, app: ASGIApp) -> None:
         """Run ``app`` on this request; an error before the response started is a 500 (as
-        hypercorn answers it), after it the connection closes mid-body."""
+        hypercorn answers it), after it the connection closes mid-body.  An app that returns
+        without answering because the client closed its side (``http.disconnect``: it left,
+        or half-closed after its request, which Go's server also takes for a disconnect) is
+        no error: the connection closes with nothing written."""
+        failed = False
         try:
             await app(self.scope(), self.receive, self.send)
         except Exception:
             log.exception("error in the ASGI app")
-            self.close = True
+            failed = True
         if not self.started:  # it raised, or returned without answering
             self.close = True
-            await self.connection.write(response_head(500, [], content_length(0), close=True))
-        elif not self.finished:
+            if failed or not self.connection.eof:
+                await self.connection.write(response_head(500, [], content_length(0), close=True))
+        elif not self.finished or failed:
             self.close = True
 
     async def receive(self) -> dict[str, Any]:

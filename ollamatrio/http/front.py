@@ -26,14 +26,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import traceback
 from collections.abc import Awaitable, Callable
 from functools import partial
+from pathlib import Path
 from typing import Any, Protocol
 
 import trio
 
 from .asgi import ASGIApp, Exchange
 from .budget import ConnectionBudget, default_cap, open_file_limit, refuse
+from .host_guard import head_problem
 from .http1 import (
     HANDOFF,
     MAX_HEAD,
@@ -64,6 +67,61 @@ RECEIVE_SIZE = 64 * 1024
 SEND_TIMEOUT = 30.0
 LINGER = 2.0  # seconds a closing connection reads what the client still sends (close())
 _HANDOFF = object()
+_TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\n"  # how an HTTP/2 client with prior knowledge starts
+
+
+def log_connection_error(error: BaseException, client: str) -> None:
+    """One line for an error that ended a connection: what and where it was raised, so that a
+    client repeating it cannot flood the log; the traceback only with debug logging."""
+    leaf = error
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    frames = traceback.extract_tb(leaf.__traceback__)
+    where = (
+        f" at {'/'.join(Path(frames[-1].filename).parts[-2:])}:{frames[-1].lineno}"
+        if frames
+        else ""
+    )
+    log.error(
+        "closed a client connection after an error: %s: %s%s", type(leaf).__name__, leaf, where,
+        extra={"client": client}, exc_info=error if log.isEnabledFor(logging.DEBUG) else None,
+    )  # fmt: skip
+
+
+class HeadGuard:
+    """ASGI: the app behind a check of the head (:func:`~.host_guard.head_problem`), for
+    hypercorn's connections, as the front door checks its own: a second ``Host`` or
+    ``Origin``, or a ``Host`` that is no host name, is answered 400 before any route."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        problem = None
+        if scope["type"] in ("http", "websocket"):
+            problem = head_problem(scope["headers"])
+        if problem is None:
+            await self.app(scope, receive, send)
+            return
+        log.info(
+            "%s %s 400 %s", scope.get("method", "GET"), scope["path"], problem,
+            extra={"client": (scope.get("client") or ("",))[0]},
+        )  # fmt: skip
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1002})  # hypercorn answers 403
+            return
+        # No "connection: close": h11 has read the request whole, so the connection may go
+        # on (and hypercorn would close it before the body, with a request pipelined behind).
+        text = problem.encode()
+        await send({
+            "type": "http.response.start", "status": 400,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", b"%d" % len(text)),
+            ],
+        })  # fmt: skip
+        await send({"type": "http.response.body", "body": text})
 
 
 class StreamRoutes(Protocol):
@@ -144,12 +202,25 @@ class Front:
 
     async def accept(self, stream: trio.SocketStream) -> None:
         """One accepted connection: served while it holds a place in the budget (closing the
-        oldest idle connection to make one if need be), else answered 503 at once."""
-        async with self.budget.place(stream) as admitted:
-            if admitted:
-                await self.handle(stream)
-            else:
-                await refuse(stream)
+        oldest idle connection to make one if need be), else answered 503 at once.
+
+        The boundary of every connection: whatever its handler raises (the front door's code,
+        hypercorn's, an app's that escaped them) is logged in one line and closes this
+        connection; it never reaches the listener's nursery, which would end the server."""
+        try:
+            client = stream.socket.getpeername()[0]  # for the log: closed, it has no peer
+        except OSError:
+            client = ""
+        try:
+            async with self.budget.place(stream) as admitted:
+                if admitted:
+                    await self.handle(stream)
+                else:
+                    await refuse(stream)
+        except* Exception as group:  # Cancelled (shutdown) is no Exception: it goes on
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+            log_connection_error(group, client)
 
     async def handle(self, stream: trio.SocketStream) -> None:
         """One accepted connection, for as long as it lives."""
@@ -161,9 +232,6 @@ class Front:
             return
         try:
             handoff = await connection.serve()
-        except Exception:  # a bug here must not take the server down with it
-            log.exception("error on a client connection")
-            handoff = False
         finally:
             if not connection.handed_off:
                 await connection.close()
@@ -221,6 +289,11 @@ class _Connection:
                 self.handed_off = True
                 return True
             assert isinstance(head, Head)
+            problem = head_problem(head.headers)
+            if problem is not None:  # before any route reads the head
+                path = head.target.partition(b"?")[0].decode("ascii")
+                await self.refuse(f"{head.method} {path}", problem)
+                return False
             front = self.front
             if head.method == "POST" and head.target in front.paths:
                 # A generation or a progress stream: straight to its route, its JSON body
@@ -246,17 +319,29 @@ class _Connection:
             return None
         if end == HANDOFF:
             return _HANDOFF
+        if self.buffer.startswith(HTTP2_PREFACE):
+            # HTTP/2 with prior knowledge: not on this listener (nor hypercorn's h2).
+            await self.refuse("PRI *", "HTTP/2 is not supported")
+            return None
         try:
             head = parse_request(self.buffer, end)
         except BadRequest as exc:
-            text = str(exc).encode()
-            await self.write(response_head(400, [], content_length(len(text)), close=True) + text)
-            self.linger = True
+            await self.refuse(None, str(exc))
             return None
         if head is None:
             return _HANDOFF  # not simple, or pipelined requests: hypercorn's
         del self.buffer[:end]
         return head
+
+    async def refuse(self, request: str | None, reason: str) -> None:
+        """Answer 400 with ``reason`` and close (after lingering: the request is unread); a
+        refused ``request`` (method and path) is logged in one line."""
+        if request is not None:
+            log.info("%s 400 %s", request, reason, extra={"client": self.client[0]})
+        text = reason.encode()
+        head = response_head(400, _TEXT, content_length(len(text)), close=True)
+        await self.write(head + text)
+        self.linger = True
 
     async def _read_until_head(self) -> int | None:
         """Where the buffered head ends (past its blank line); ``HANDOFF`` if the request is
@@ -341,7 +426,7 @@ async def serve_http(
     generation routes) as ``hypercorn.trio.serve`` does: until ``shutdown_trigger`` returns,
     then running requests get ``config.graceful_timeout`` to finish.  ``budget`` caps the
     client connections held at once (default: from the open file limit, ``http/budget.py``)."""
-    worker = Worker(app, config)
+    worker = Worker(HeadGuard(app), config)  # the front door checks its own heads
     front = Front(
         app, worker.wrapped, stream_routes_of(app), config, worker.context, worker.state, budget
     )

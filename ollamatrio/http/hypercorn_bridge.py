@@ -16,10 +16,15 @@ from __future__ import annotations
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
+import h11
 import trio
 from hypercorn.config import Config
+from hypercorn.events import Closed
+from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.statsd import StatsdLogger
 from hypercorn.trio.tcp_server import TCPServer
@@ -59,6 +64,12 @@ INTERNALS: dict[str, tuple[str, ...] | None] = {
     "hypercorn.typing:AppWrapper": None,
     "hypercorn.typing:ConnectionState": None,
     "hypercorn.typing:LifespanState": None,
+    # HTTP/1.1 only (_HTTP1Server): TCPServer.run sets ``protocol`` to a ProtocolWrapper,
+    # whose ``protocol`` is an H11Protocol with these and a ``send`` attribute.
+    "hypercorn.protocol:ProtocolWrapper": None,
+    "hypercorn.protocol.h11:H11Protocol._check_protocol": ("event",),
+    "hypercorn.protocol.h11:H11Protocol._send_error_response": ("status_code",),
+    "hypercorn.events:Closed": (),
 }
 
 
@@ -108,11 +119,54 @@ async def serve_connection(
     state: LifespanState,
     stream: trio.abc.HalfCloseableStream,
 ) -> None:
-    """Hypercorn's per-connection server (HTTP/1.1 on h11, or h2 by prior knowledge) on a
+    """Hypercorn's per-connection server, HTTP/1.1 only (:class:`_HTTP1Server`), on a
     connection accepted elsewhere, until it closes.  ``stream`` needs ``receive_some``,
     ``send_all``, ``send_eof``, ``aclose`` and a ``socket`` attribute; it is no TLS stream
     (``TCPServer`` tells them apart by the missing ``do_handshake``)."""
-    await TCPServer(app, config, context, ConnectionState(state.copy()), stream)  # type: ignore[arg-type]
+    server = _HTTP1Server(app, config, context, ConnectionState(state.copy()), stream)  # type: ignore[arg-type]
+    try:
+        await server
+    except* HTTP2Refused:
+        pass  # answered 400 and closed
+
+
+class HTTP2Refused(Exception):
+    """A request on hypercorn's connection started HTTP/2: it was answered 400, and the
+    connection closed."""
+
+
+class _HTTP1Server(TCPServer):
+    """Hypercorn's per-connection server, held to HTTP/1.1.
+
+    Hypercorn switches a connection to its h2 protocol at a prior-knowledge preface (``PRI *
+    HTTP/2.0``) or at an ``Upgrade: h2c`` request without a body, on any request of the
+    connection, and has no setting against it; its h2 protocol can also be made to raise
+    (``KeyError`` on a stream's DATA that comes after the answer).  Ollama's Go server
+    speaks no h2c, and neither does this one: each connection's HTTP/1 protocol gets a
+    check of its own (:func:`_http1_only`) before it reads a byte."""
+
+    @property
+    def protocol(self) -> ProtocolWrapper:
+        return self._wrapper
+
+    @protocol.setter
+    def protocol(self, wrapper: ProtocolWrapper) -> None:
+        # TCPServer.run makes the connection's ProtocolWrapper (HTTP/1 without TLS) and sets
+        # it here before the first read.
+        self._wrapper = wrapper
+        http1 = wrapper.protocol
+        assert isinstance(http1, H11Protocol)
+        http1._check_protocol = partial(_http1_only, http1)  # type: ignore[method-assign]
+
+
+async def _http1_only(protocol: H11Protocol, event: h11.Request) -> None:
+    """``H11Protocol._check_protocol`` (run on every request head) without the switches to
+    h2: an h2c upgrade is ignored, the request served over HTTP/1.1 as Go's server serves it;
+    the HTTP/2 preface is answered 400 and the connection closed."""
+    if event.method == b"PRI" and event.target == b"*":
+        await protocol._send_error_response(400)
+        await protocol.send(Closed())
+        raise HTTP2Refused()
 
 
 def bind_name(sock: socket.socket) -> str:
