@@ -151,11 +151,11 @@ async def test_with_the_disk_held_up_the_server_stops_reading_the_upload(
     api_server, monkeypatch, chunked: bool
 ) -> None:
     release = threading.Event()
-    written: list[int] = []
+    writing = trio.Event()
     write = BlobWriter.write
 
     def held_write(self: BlobWriter, data: bytes | bytearray | memoryview) -> None:
-        written.append(len(data))
+        trio.from_thread.run_sync(writing.set)  # a worker thread of the server's run
         assert release.wait(60), "the test never let the disk go on"
         write(self, data)
 
@@ -171,9 +171,10 @@ async def test_with_the_disk_held_up_the_server_stops_reading_the_upload(
                     client = Sender(stream, block, BODY, chunked)
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(client.send, srv.url, digest)
-                        # All blocked: the client on a full socket, the server on the disk.
+                        # The disk is held at its first write; then all is blocked: the
+                        # client on a full socket, the server on the disk.
+                        await writing.wait()
                         await trio.testing.wait_all_tasks_blocked(cushion=0.05)
-                        assert written, "the upload never reached the disk"
                         took = client.sent
                         release.set()
                     assert took <= AHEAD, f"the server took {took / MIB:.0f} MiB ahead"
