@@ -3,6 +3,7 @@ prometheus-client's real text parser."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -101,6 +102,9 @@ async def test_requests_tokens_and_runner_series_move(api_server) -> None:
         assert (await c.get("/no/such/path-123")).status_code == 404
         assert (await c.get("/api/chat")).status_code == 404  # as Ollama: no such route
         assert (await c.post("/api/show", json={"model": "absent"})).status_code == 404
+        blob = b"a blob"
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        assert (await c.post(f"/api/blobs/{digest}", content=blob)).status_code == 201
         after = await scrape(c)
 
     requests = "ollamatrio_requests_total"
@@ -110,6 +114,8 @@ async def test_requests_tokens_and_runner_series_move(api_server) -> None:
     assert value(after, requests, endpoint="/metrics", status="200") == 1  # the first scrape
     assert value(after, requests, endpoint="other", status="404") == 2
     assert value(after, requests, endpoint="/api/show", status="404") == 1
+    # Served ahead of Quart, counted under the route's template as Quart counts it.
+    assert value(after, requests, endpoint="/api/blobs/<digest>", status="201") == 1
     assert not any("path-123" in dict(k[1]).get("endpoint", "") for k in after)
 
     generated = streamed[-1]["eval_count"] + chat["eval_count"]

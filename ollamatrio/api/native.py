@@ -3,13 +3,14 @@
 A body is translated (:mod:`.native_wire`), its model resolved and checked (:mod:`.pipeline`,
 :mod:`.models`), then answered.  The streams (generation, pull and create progress) are
 served as plain ASGI in api/routes.py, each owning its source for exactly as long as it
-writes.
+writes, and so is a blob upload (``POST /api/blobs/<digest>``, api/blob_upload.py), whose
+body goes to disk as fast as the disk takes it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -24,8 +25,6 @@ from .models import ApiContext, show
 from .requests import get_bool, get_model, get_str, read_json
 
 log = logging.getLogger(__name__)
-
-_BLOB_BATCH = 1 << 20  # bytes handed to the writer thread at a time
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -57,7 +56,6 @@ class OllamaApi:
             ("/api/copy", self.copy, ["POST"]),
             ("/api/delete", self.delete, ["DELETE"]),
             ("/api/blobs/<digest>", self.blob_head, ["HEAD"]),
-            ("/api/blobs/<digest>", self.blob_upload, ["POST"]),
         ]
         for path, handler, methods in routes:
             endpoint = f"{handler.__name__}_{'_'.join(methods).lower()}"
@@ -158,36 +156,3 @@ class OllamaApi:
         digest = parse_digest(digest)
         present = await trio.to_thread.run_sync(self.ctx.store.has_blob, digest)
         return empty_response(200 if present else 404)
-
-    async def blob_upload(self, digest: str) -> Response:
-        """Stream the body to disk, hashing as it goes: 201 new, 200 present, 400 mismatch."""
-        store = self.ctx.store
-        try:
-            digest = parse_digest(digest)
-            present = await trio.to_thread.run_sync(store.has_blob, digest)
-        except InvalidRequestError:
-            await _discard(request.body)
-            raise
-        if present:
-            # An unread body would stall the connection for the client's next request.
-            await _discard(request.body)
-            return empty_response(200)
-        writer = await trio.to_thread.run_sync(store.blob_writer, digest)
-        try:
-            batch = bytearray()
-            async for chunk in request.body:
-                batch += chunk
-                if len(batch) >= _BLOB_BATCH:
-                    await trio.to_thread.run_sync(writer.write, bytes(batch))
-                    batch.clear()
-            await trio.to_thread.run_sync(writer.write, bytes(batch))
-            await trio.to_thread.run_sync(writer.commit)
-        finally:
-            if writer.digest is None:
-                writer.abort()  # removes the temporary file (a quick unlink)
-        return empty_response(201 if writer.created else 200)
-
-
-async def _discard(body: AsyncIterator[bytes]) -> None:
-    async for _ in body:
-        pass

@@ -8,7 +8,9 @@ writes the response, one write per engine wake-up.  A watcher in the request's n
 cancels it when the client disconnects, which returns the lease and closes the runner
 connection (llama.cpp stops generating); shutdown's cut ends it the same way, with a last
 error line.  ``POST /api/pull`` and ``/api/create`` stream their progress the same way
-(api/progress.py).  Everything else goes to Quart unchanged.
+(api/progress.py).  ``POST /api/blobs/<digest>`` is served here too, so that its body is
+pulled piece by piece as the disk takes it (api/blob_upload.py), never queued by Quart.
+Everything else goes to Quart unchanged.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ..http.cors import OriginPolicy, cors_answer
 from ..http.drain import Drain
 from ..observability.metrics import CLIENT_CLOSED
 from ..wire import ndjson_line
-from . import native_wire, openai_wire, pipeline, progress
+from . import blob_upload, native_wire, openai_wire, pipeline, progress
 from .errors import response_for
 from .models import ApiContext
 from .native import json_response
@@ -95,7 +97,9 @@ class GenerationRoutes:
 
     @property
     def paths(self) -> list[str]:
-        """The routes' paths (all ``POST``)."""
+        """The JSON routes' paths (all ``POST``), whose body the front door limits.  (Blob
+        uploads, ``POST /api/blobs/<digest>``, have no limit: they reach these routes
+        through the app like any other request.)"""
         return list(self._routes)
 
     @property
@@ -107,7 +111,12 @@ class GenerationRoutes:
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
         route = None
         if scope["type"] == "http" and scope["method"] == "POST":
-            route = self._routes.get(scope["path"])
+            path: str = scope["path"]
+            route = self._routes.get(path)
+            digest = path.removeprefix(blob_upload.PREFIX)
+            if route is None and digest != path and digest and "/" not in digest:
+                await _Exchange(self, scope, receive, send, openai=False).upload(digest)
+                return
         if route is None:
             await self.app(scope, receive, send)
             return
@@ -230,10 +239,14 @@ class _Exchange:
 
     async def respond(self, response: Response) -> None:
         data = await response.get_data()
+        body = data if isinstance(data, bytes) else data.encode()
         extra = {k: v for k, v in response.headers.items() if k.lower() != "content-type"}
         extra.pop("Content-Length", None)
+        # Announced, so that a transport that writes the head at once (hypercorn, the front
+        # door for a blob upload) need not send chunks.
+        extra["Content-Length"] = str(len(body))
         await self.start(response.status_code, response.content_type or "", extra)
-        await self.body(data if isinstance(data, bytes) else data.encode(), more=False)
+        await self.body(body, more=False)
 
     async def error(self, exc: BaseException) -> None:
         response = openai_error_response(exc) if self.openai else response_for(exc)
@@ -265,33 +278,62 @@ class _Exchange:
         try:
             await self.exchange(route)
         finally:
-            # The access line and the metrics, once the answer is complete (as Ollama's
-            # line, with the duration), so they cost nothing before the first token.
-            metrics = self.routes.ctx.metrics
-            if metrics is not None:
-                metrics.request_done(self.scope["path"], self.status)
-                if self.generation is not None:
-                    metrics.generation_done(self.generation)
-            # A client that left before the answer: 499, as nginx logs it and the metrics
-            # count it.
-            status = self.status or (CLIENT_CLOSED if self.client_left else None)
-            if status is not None:
-                log.info(
-                    "%s %s %s %.3fs", self.scope["method"], self.scope["path"], status,
-                    trio.current_time() - self.arrived,
-                    extra={"client": (self.scope.get("client") or ("",))[0]},
-                )  # fmt: skip
+            self.done(self.scope["path"])
 
-    async def exchange(self, route: Callable[[dict[str, Any], float], Awaitable[Plan]]) -> None:
+    def done(self, endpoint: str) -> None:
+        """The access line and the metrics, once the answer is complete (as Ollama's line,
+        with the duration), so they cost nothing before the first token."""
+        metrics = self.routes.ctx.metrics
+        if metrics is not None:
+            metrics.request_done(endpoint, self.status)
+            if self.generation is not None:
+                metrics.generation_done(self.generation)
+        # A client that left before the answer: 499, as nginx logs it and the metrics count it.
+        status = self.status or (CLIENT_CLOSED if self.client_left else None)
+        if status is not None:
+            log.info(
+                "%s %s %s %.3fs", self.scope["method"], self.scope["path"], status,
+                trio.current_time() - self.arrived,
+                extra={"client": (self.scope.get("client") or ("",))[0]},
+            )  # fmt: skip
+
+    async def guarded(self) -> bool:
+        """CORS and the DNS-rebinding guard; False when they answered (403, say)."""
         cors = cors_answer(self.origin, self.host, "POST", self.routes._origins)
         self.cors_headers = cors.headers
-        if cors.status is not None:
-            await self.start(cors.status, "text/plain")
-            await self.body(b"", more=False)
-            return
-        if self.routes._guard_hosts and not self.routes._allowed_host(self.host):
-            await self.start(403, "text/plain")
-            await self.body(b"", more=False)
+        status = cors.status
+        if status is None and self.routes._guard_hosts and not self.routes._allowed_host(self.host):
+            status = 403
+        if status is None:
+            return True
+        await self.start(status, "text/plain", {"Content-Length": "0"})
+        await self.body(b"", more=False)
+        return False
+
+    async def upload(self, digest: str) -> None:
+        """``POST /api/blobs/<digest>``: the body streamed into the store (201, 200), or an
+        error's status (400 for a malformed or mismatched digest); nothing if the client
+        left first."""
+        try:
+            if not await self.guarded():
+                return
+            try:
+                with self.routes.drain.guard():
+                    status = await blob_upload.upload_blob(
+                        self.routes.ctx.store, digest, self.receive
+                    )
+            except Exception as exc:  # trio.Cancelled is a BaseException: it passes
+                await self.error(exc)
+                return
+            if status is not None:
+                # No body, as Ollama answers (a length, not chunks, even from hypercorn).
+                await self.start(status, "text/plain", {"Content-Length": "0"})
+                await self.body(b"", more=False)
+        finally:
+            self.done(blob_upload.ENDPOINT)
+
+    async def exchange(self, route: Callable[[dict[str, Any], float], Awaitable[Plan]]) -> None:
+        if not await self.guarded():
             return
         started = trio.current_time()
         try:
