@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import trio
 
+from .accept import serve_listeners
 from .asgi import ASGIApp, Exchange
 from .budget import ConnectionBudget, default_cap, open_file_limit, refuse
 from .http1 import (
@@ -364,10 +365,11 @@ async def serve_http(
                     nursery.start_soon(worker.until_terminate)
                     nursery.start_soon(
                         partial(
-                            trio.serve_listeners,
+                            serve_listeners,
                             front.accept,
                             listeners,
                             handler_nursery=server_nursery,
+                            freed=front.budget.wait_changed,
                         )
                     )
             except BaseExceptionGroup as error:
