@@ -55,10 +55,15 @@ class AcceptErrors:
             self._next_line = now + LOG_INTERVAL
 
     def accepted(self) -> None:
+        """An accept worked: the next failure waits 0.1 s again (the count of failures goes
+        on, into the next line; a line saying so, only as often as the others)."""
         if self.backoff:
-            log.info("accepting client connections again (%d more failed)", self._unlogged)
-            self._unlogged = 0
             self.backoff = 0.0
+            now = trio.current_time()
+            if now >= self._next_line:
+                log.info("accepting client connections again (%d more failed)", self._unlogged)
+                self._unlogged = 0
+                self._next_line = now + LOG_INTERVAL
 
 
 async def accept_loop(
