@@ -130,7 +130,7 @@ async def test_the_body_watch_reads_a_running_connections_h11_state() -> None:
     listener.close()
     stream = _Watched(trio.SocketStream(server_sock))
     with trio.fail_after(10):
-        async with client, trio.open_nursery() as nursery:
+        async with client, stream.transport, trio.open_nursery() as nursery:
             nursery.start_soon(
                 hypercorn_bridge.serve_connection, worker.wrapped, config, worker.context,
                 worker.state, stream,
