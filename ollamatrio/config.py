@@ -26,6 +26,7 @@ DEFAULT_PORT = 11434
 DEFAULT_KEEP_ALIVE = 300.0
 DEFAULT_LOAD_TIMEOUT = 300.0
 DEFAULT_STALL_TIMEOUT = 300.0
+DEFAULT_BODY_TIMEOUT = 30.0
 ENGINES = ("process", "simulated")
 
 # Ollama always allows these origins, after the ones from OLLAMA_ORIGINS.
@@ -68,6 +69,9 @@ class Settings:
     # Seconds a running generation may go without a byte from its runner (prompt progress
     # counts) before it fails and the runner is killed; math.inf = wait forever.
     stall_timeout: float = DEFAULT_STALL_TIMEOUT
+    # OLLAMATRIO_BODY_TIMEOUT: seconds a request body may go without a byte from the client
+    # before it is answered 408 and the connection closed; math.inf = wait forever.
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
     # OLLAMATRIO_MAX_CONNECTIONS: client connections the server holds at once; 0 = from the
     # open file limit (http/budget.py: the limit less a reserve for runners and the store).
     max_connections: int = 0
@@ -134,6 +138,9 @@ class Settings:
             ),
             stall_timeout=_env_duration(
                 env, "OLLAMATRIO_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT, zero_is_inf=True
+            ),
+            body_timeout=_env_duration(
+                env, "OLLAMATRIO_BODY_TIMEOUT", DEFAULT_BODY_TIMEOUT, zero_is_inf=True
             ),
             max_connections=int(max_connections or 0),
             sched_spread=_env_bool(env, "OLLAMA_SCHED_SPREAD", False),

@@ -200,6 +200,7 @@ async def serve(
                     hypercorn_config(settings, listener),
                     shutdown_trigger=trigger,
                     budget=budget,
+                    body_timeout=settings.body_timeout,
                     task_status=task_status,
                 )
                 nursery.cancel_scope.cancel()

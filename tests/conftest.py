@@ -152,6 +152,7 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
                     hypercorn_config(settings),
                     shutdown_trigger=stop.wait,
                     budget=budget,
+                    body_timeout=settings.body_timeout,
                 )
             )
             try:

@@ -327,6 +327,14 @@ def test_stall_timeout_reads_like_the_load_timeout(value: str, expect: float) ->
     assert settings(OLLAMATRIO_STALL_TIMEOUT=value).stall_timeout == expect
 
 
+@pytest.mark.parametrize(
+    ("value", "expect"), [("", 30.0), ("5s", 5.0), ("2", 2.0), ("1m", 60.0), ("0", INF),
+                          ("-1", INF), ("bogus", 30.0)],
+)  # fmt: skip
+def test_body_timeout(value: str, expect: float) -> None:
+    assert settings(OLLAMATRIO_BODY_TIMEOUT=value).body_timeout == expect
+
+
 DURATION_CASES = {
     "0": 0.0,
     "-0": 0.0,

@@ -1,6 +1,7 @@
 """The front door's request-head decision (``http/http1.py``) against h11's, over generated
 heads: serve here (and where the body ends), hand the connection to hypercorn, or refuse
-with 400.
+with 400; and for a chunked body the front door serves, its decoding (``ChunkedBody``):
+the same data, ending at the same byte, or refused where h11 refuses it.
 
 Hypercorn is h11, so a hand-off is always safe.  What must never happen is that the front
 door serves a request h11 would refuse or read differently: another method, target or
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 from ollamatrio.http import http1
 from ollamatrio.http.http1 import HANDOFF, MAX_HEAD, MAX_HEADERS, BadRequest, Head
 
-EXAMPLES = 5_000  # per test; the two tests below make 10,000
+EXAMPLES = 5_000  # per test; the two head tests below make 10,000
 SETTINGS = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -64,6 +65,43 @@ class Incomplete:
 
 
 Decision = Serve | HandOff | Refuse | Incomplete
+
+
+def our_chunked_body(data: bytes, end: int, cut: int) -> tuple[bytes, bool, bytes] | BadRequest:
+    """What the front door decodes of the chunked body after the head that ends at ``end``,
+    its bytes arriving in two pieces (split at ``cut`` if that is past the head): the data,
+    whether the body ended, the bytes left behind it; or the refusal."""
+    decoder = http1.ChunkedBody()
+    buffer = bytearray()
+    body = bytearray()
+    split = max(end, cut)
+    for piece in (data[end:split], data[split:]):
+        buffer += piece
+        try:
+            body += decoder.take(buffer)
+        except BadRequest as error:
+            return error
+    return bytes(body), decoder.done, bytes(buffer)
+
+
+def h11_chunked_body(data: bytes) -> tuple[bytes, bool, bytes] | Exception:
+    """h11's reading of the same bytes: the data, whether the body ended, the bytes left."""
+    conn = h11_server()
+    conn.receive_data(data)
+    assert isinstance(conn.next_event(), h11.Request)
+    body = bytearray()
+    while True:
+        try:
+            item = conn.next_event()
+        except h11.RemoteProtocolError as error:
+            return error
+        if isinstance(item, h11.Data):
+            body += item.data
+        elif isinstance(item, h11.EndOfMessage):
+            return bytes(body), True, conn.trailing_data[0]
+        else:
+            assert item is h11.NEED_DATA, item
+            return bytes(body), False, b""
 
 
 def front_door(pieces: list[bytes]) -> Decision:
@@ -121,11 +159,11 @@ def h11_body(conn: h11.Connection) -> tuple[int, bool]:
 def check(pieces: list[bytes]) -> Decision:
     """Compares the two parsers on a connection's first bytes; the front door's decision."""
     ours = front_door(pieces)
-    compare(ours, b"".join(pieces))
+    compare(ours, b"".join(pieces), len(pieces[0]))
     return ours
 
 
-def compare(ours: Decision, data: bytes) -> None:
+def compare(ours: Decision, data: bytes, cut: int = 0) -> None:
     conn, first = h11_first_event(data)
     if isinstance(ours, Incomplete):
         # h11 must not have had enough either (nor have refused: the client would wait).
@@ -140,11 +178,15 @@ def compare(ours: Decision, data: bytes) -> None:
         return
     head, end = ours.head, ours.end
     assert isinstance(first, h11.Request), f"we serve, h11 says {first!r}"
-    assert first.http_version == b"1.1"
+    assert first.http_version == head.version.encode()
     assert first.method.decode("ascii").upper() == head.method  # as hypercorn gives it
     assert first.target == head.target
     assert list(first.headers) == head.headers
     assert conn.they_are_waiting_for_100_continue == head.expect_continue
+    assert conn.their_http_version == head.version.encode()
+    if head.chunked:
+        compare_chunked(data, end, cut)
+        return
     # Where the body ends: h11 reads the same head and body from the same bytes, and then
     # the next request from the next byte.
     body_end = end + head.content_length
@@ -167,6 +209,21 @@ def compare(ours: Decision, data: bytes) -> None:
     assert isinstance(following, h11.Request), following
     assert following.target == b"/sentinel"
     assert h11_body(conn) == (0, True)
+
+
+def compare_chunked(data: bytes, end: int, cut: int) -> None:
+    """The front door decodes a chunked body as h11 does: the same data, the same end (the
+    next request starts at the same byte), the same wait for more; it refuses what h11
+    refuses (and, stricter, a trailer with bare LF or folded lines)."""
+    ours = our_chunked_body(data, end, cut)
+    theirs = h11_chunked_body(data)
+    if isinstance(ours, BadRequest):
+        assert isinstance(theirs, Exception) or "trailer" in str(ours), (ours, theirs)
+        return
+    assert not isinstance(theirs, Exception), f"we read {ours!r}, h11 says {theirs!r}"
+    if not ours[1]:  # waiting for more, h11 too, with the same data so far
+        ours = (ours[0], False, b"")
+    assert ours == theirs
 
 
 # -- the heads -------------------------------------------------------------------------
@@ -375,6 +432,30 @@ def mutate(draw: st.DrawFn, request: Request, framing_only: bool) -> None:
         line[0] = (line[0].lower(), line[0].upper(), line[0].swapcase())[at % 3]
 
 
+@st.composite
+def chunked_bodies(draw: st.DrawFn) -> bytes:
+    """A chunked body as clients send it, or gone wrong in the ways chunk parsers differ:
+    size spellings, extensions, line ends, footers, the last chunk, trailers."""
+    out = b""
+    for data in draw(st.lists(st.binary(min_size=1, max_size=12), max_size=3)):
+        size = b"%x" % len(data)
+        size = draw(some(
+            size.upper(), b"0" + size, size + b";ext=1", size + b" ", size + b"\t;x",
+            size + b";\r", size + b"; x\x00", b"+" + size, b"0x" + size, b" " + size,
+            b"%x" % (len(data) + 1), b"", b"g", common=size, weight=60,
+        ))  # fmt: skip
+        line_end = draw(some(b"\n", b"\r", b"\r\r\n", common=b"\r\n", weight=60))
+        footer = draw(some(b"\n", b"", b"x\r\n", b"\r\r\n", b"\r", common=b"\r\n", weight=60))
+        out += size + line_end + data + footer
+    last = draw(some(b"00", b"0;x", b"0" * 20, b"0" * 21, b"0 ", common=b"0", weight=12))
+    trailer = draw(some(
+        b"X: y\r\n", b"X: y\n", b"X: y\r\n folded\r\n", b"bad\r\n", b"X:\x00\r\n",
+        b"X: y\r\nZ: w\r\n", common=b"", weight=12,
+    ))  # fmt: skip
+    end = draw(some(b"\n", b"", common=b"\r\n", weight=12))
+    return out + last + b"\r\n" + trailer + end
+
+
 PIPELINED = some(
     SENTINEL, SENTINEL[:10], b"0\r\n\r\n", b"\r\n", b"x", SENTINEL.replace(b"\r\n", b"\n"),
     common=b"", weight=12,
@@ -402,7 +483,10 @@ def connections(draw: st.DrawFn, framing_only: bool = False) -> list[bytes]:
     size = draw(GIVE_OR_TAKE)
     if declared is not None and declared <= 64:
         size = max(0, declared + size)
-    data = head + BODY[: max(0, size)] + draw(PIPELINED)
+    body = BODY[: max(0, size)]
+    if any(h[0].lower() == b"transfer-encoding" for h in request.headers):
+        body = draw(chunked_bodies())
+    data = head + body + draw(PIPELINED)
     cut = draw(CUT) % (len(data) + 1)  # the bytes come in two pieces
     return [data[:cut], data[cut:]]
 
@@ -410,14 +494,47 @@ def connections(draw: st.DrawFn, framing_only: bool = False) -> list[bytes]:
 @SETTINGS
 @given(connections())
 def test_the_front_door_reads_requests_as_h11_does(pieces: list[bytes]) -> None:
-    event(type(check(pieces)).__name__)
+    event(name(check(pieces)))
 
 
 @SETTINGS
 @given(connections(framing_only=True))
 def test_the_front_door_frames_bodies_as_h11_does(pieces: list[bytes]) -> None:
     """Content-Length and Transfer-Encoding, line ends, bytes in names and values only."""
-    event(type(check(pieces)).__name__)
+    event(name(check(pieces)))
+
+
+@st.composite
+def chunked_requests(draw: st.DrawFn) -> list[bytes]:
+    """A chunked request (as curl sends one with ``-H 'Transfer-Encoding: chunked'``), its
+    body generated to go wrong, maybe more bytes behind, arriving in two pieces."""
+    head = draw(some(
+        b"POST /api/generate HTTP/1.1\r\nHost: localhost:11434\r\nUser-Agent: curl/7.88.1\r\n"
+        b"Accept: */*\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n",
+        b"POST /api/blobs/sha256:00 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        b"Expect: 100-continue\r\n\r\n",
+        b"POST /api/chat HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Transfer-Encoding: CHUNKED\r\n\r\n",
+    ))  # fmt: skip
+    data = head + draw(chunked_bodies()) + draw(PIPELINED)
+    cut = draw(CUT) % (len(data) + 1)
+    return [data[:cut], data[cut:]]
+
+
+@settings(SETTINGS, max_examples=2_000)
+@given(chunked_requests())
+def test_the_front_door_decodes_chunked_bodies_as_h11_does(pieces: list[bytes]) -> None:
+    decision = check(pieces)
+    assert isinstance(decision, Serve)
+    ours = our_chunked_body(b"".join(pieces), decision.end, len(pieces[0]))
+    event("refused" if isinstance(ours, BadRequest) else "ended" if ours[1] else "incomplete")
+
+
+def name(decision: Decision) -> str:
+    """The decision, and for a chunked body served here how its decoding ended."""
+    if isinstance(decision, Serve) and decision.head.chunked:
+        return "Serve chunked"
+    return type(decision).__name__
 
 
 # -- the cases the generated ones grew from ------------------------------------------------
@@ -440,6 +557,20 @@ def test_the_front_door_frames_bodies_as_h11_does(pieces: list[bytes]) -> None:
             Refuse,
         ),
         (b"GET / HTTP/1.1\r\nHost: x\r\n", Incomplete),
+        (b"GET / HTTP/1.0\r\n\r\n", Serve),  # no Host needed; never kept alive
+        (b"POST / HTTP/1.0\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", Serve),
+        (b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", HandOff),
+        (
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+            Serve,
+        ),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked \r\n\r\n0\r\n\r\n", Serve),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", HandOff),
+        (
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n",
+            HandOff,
+        ),
     ],
 )
 def test_known_heads(raw: bytes, decision: type) -> None:

@@ -115,3 +115,75 @@ class _App:
             scope["state"]["started"] = True
             await send({"type": "lifespan.startup.complete"})
         await send({"type": "lifespan.shutdown.complete"})
+
+
+async def test_the_body_watch_reads_a_running_connections_h11_state() -> None:
+    """:class:`BodyWatch` reads ``ATTRIBUTES`` of a real hypercorn connection: waiting for
+    a body (and nothing answered yet) while one comes, not once it is read and answered."""
+    config = Config()
+    worker = Worker(_Echo(), config)
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = await trio.open_tcp_stream(*listener.getsockname())
+    server_sock, _ = await listener.accept()
+    listener.close()
+    stream = _Watched(trio.SocketStream(server_sock))
+    with trio.fail_after(10):
+        async with client, stream.transport, trio.open_nursery() as nursery:
+            nursery.start_soon(
+                hypercorn_bridge.serve_connection, worker.wrapped, config, worker.context,
+                worker.state, stream,
+            )  # fmt: skip
+            await client.send_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
+            while stream.watch is None or not stream.watch.reading_body():
+                await stream.received.wait()  # hypercorn reads again after each piece
+                stream.received = trio.Event()
+            assert stream.watch.may_answer(), changed("the h11 state or the send lock")
+            await client.send_all(b"cd")
+            answer = b""
+            while not answer.endswith(b"abcd\r\n0\r\n\r\n"):  # the head, the body's chunks
+                answer += await client.receive_some()
+            assert answer.startswith(b"HTTP/1.1 200 ")
+            assert not stream.watch.reading_body()
+            nursery.cancel_scope.cancel()
+    for attribute in hypercorn_bridge.ATTRIBUTES:
+        assert attribute.split(".")[0] in ("TCPServer", "ProtocolWrapper", "H11Protocol")
+
+
+class _Watched(hypercorn_bridge.WatchedStream):
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.transport = stream
+        self.socket = stream.socket
+        self.received = trio.Event()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        data = await self.transport.receive_some(max_bytes)
+        self.received.set()
+        return data
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.transport.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.transport.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self.transport.send_eof()
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
+class _Echo:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})

@@ -1,14 +1,18 @@
-"""One HTTP/1.1 request served by the front door (http/front.py): ASGI ``receive``/``send``
-straight over the client connection.
+"""One HTTP/1.1 (or HTTP/1.0) request served by the front door (http/front.py): ASGI
+``receive``/``send`` straight over the client connection.
 
 The scope is the one hypercorn builds for HTTP/1.1 (``hypercorn/protocol/http_stream.py``):
 percent-decoded ``path``, ``raw_path`` and ``query_string`` split at the first ``?``, the
-lifespan ``state`` copied, no extensions.  ``receive`` hands the body over as it arrives (a
-blob upload is never buffered whole here), then ``http.disconnect`` when the client leaves or
-the response is complete.  ``send`` frames the response as h11 would: the app's
-``Content-Length`` if it gave one, else ``Content-Length`` for a body sent in one message and
-chunks for the rest; no body for ``HEAD``, 1xx, 204 and 304.  The head goes out with the
-first body piece, and every piece costs one non-blocking ``write`` (``_Connection.write``).
+lifespan ``state`` copied, no extensions.  ``receive`` hands the body over as it arrives
+(``Content-Length`` or chunked; a blob upload is never buffered whole here), then
+``http.disconnect`` when the client leaves or the response is complete.  A body that stalls
+(no byte for the connection's ``body_timeout``) is answered ``408`` here, a malformed chunked
+one ``400``, and the app is told that the client left.  ``send`` frames the response as h11
+would: the app's ``Content-Length`` if it gave one, else ``Content-Length`` for a body sent in
+one message and chunks for the rest (for an HTTP/1.0 client, which cannot read chunks: the
+body as it is, ended by closing the connection); no body for ``HEAD``, 1xx, 204 and 304.  The
+head goes out with the first body piece, and every piece costs one non-blocking ``write``
+(``_Connection.write``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,16 @@ from urllib.parse import unquote
 import trio
 
 from ..errors import RequestTooLargeError
-from .http1 import CHUNKED, LAST_CHUNK, Head, chunk, content_length, response_head
+from .http1 import (
+    CHUNKED,
+    LAST_CHUNK,
+    BadRequest,
+    ChunkedBody,
+    Head,
+    chunk,
+    content_length,
+    response_head,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +49,11 @@ class Connection(Protocol):
     server: tuple[str, int]
     buffer: bytearray  # bytes read past the head, not yet consumed
     eof: bool  # the client closed its side
+    broken: bool  # a write failed or timed out: the client cannot be answered any more
     linger: bool  # closing must read on first: the request was not read to its end
+
+    @property
+    def body_timeout(self) -> float: ...  # seconds a request body may go without a byte
 
     @property
     def root_path(self) -> str: ...
@@ -63,7 +80,9 @@ class Exchange:
     ) -> None:  # fmt: skip
         self.connection = connection
         self.head = head
-        self.body_left = head.content_length
+        # Body bytes still to read (a chunked body: 1 until it ends, its length is unknown).
+        self.body_left = 1 if head.chunked else head.content_length
+        self._chunks = ChunkedBody() if head.chunked else None
         self.limit = limit  # a declared body over this is refused unread (413)
         # Hold the head back until the first body piece (one write for both), also for a
         # body of unknown length: only for apps whose first piece follows at once.
@@ -77,6 +96,7 @@ class Exchange:
         self._headers: list[tuple[bytes, bytes]] = []
         self._length: int | None = None  # the app's Content-Length: what is left of it
         self._chunked = False
+        self._until_close = False  # an HTTP/1.0 answer of unknown length: ended by closing
         self._no_body = False  # HEAD, 1xx, 204, 304
 
     def keep_alive(self) -> bool:
@@ -89,7 +109,7 @@ class Exchange:
         return {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.1",
+            "http_version": self.head.version,
             "method": self.head.method,
             "scheme": "http",
             "path": unquote(path.decode("ascii")),
@@ -124,38 +144,85 @@ class Exchange:
 
     async def receive(self) -> dict[str, Any]:
         connection = self.connection
-        if self._body_read:  # past the body: until the client leaves or the answer is out
-            if self.finished:
+        if self._body_read or connection.broken:
+            # Past the body: until the client leaves or the answer is out.
+            if self.finished or connection.broken:
                 await trio.lowlevel.checkpoint()
             else:
                 with trio.CancelScope() as self._waiting:
                     await connection.wait_for_eof()
                 self._waiting = None
             return {"type": "http.disconnect"}
+        if self._chunks is not None:
+            return await self._receive_chunks()
         if self.limit is not None and self.body_left > self.limit:  # answered 413 unread
             raise RequestTooLargeError(f"request body exceeds {self.limit} bytes")
-        if self.body_left and not connection.buffer:
-            if self.head.expect_continue and not self.started:
-                self.head.expect_continue = False  # once
-                await connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            await connection.receive()
-            if connection.eof:
-                return {"type": "http.disconnect"}
+        if self.body_left and not connection.buffer and not await self._read_more():
+            return {"type": "http.disconnect"}
         piece = bytes(connection.buffer[: self.body_left])
         del connection.buffer[: len(piece)]
         self.body_left -= len(piece)
         self._body_read = self.body_left == 0
         return {"type": "http.request", "body": piece, "more_body": not self._body_read}
 
+    async def _receive_chunks(self) -> dict[str, Any]:
+        """The next piece of a chunked body (a chunked body's length is not known before it
+        ends: the app limits what it reads, as the stream routes do)."""
+        chunks = self._chunks
+        assert chunks is not None
+        connection = self.connection
+        while True:
+            try:
+                piece = chunks.take(connection.buffer)
+            except BadRequest as exc:
+                await self._refuse(400, str(exc).encode())
+                return {"type": "http.disconnect"}
+            if piece or chunks.done:
+                break
+            if not await self._read_more():
+                return {"type": "http.disconnect"}
+        self._body_read = chunks.done
+        self.body_left = 0 if chunks.done else 1  # some of the body is still to come
+        return {"type": "http.request", "body": piece, "more_body": not chunks.done}
+
+    async def _read_more(self) -> bool:
+        """Read the next bytes of the body into the buffer (after a ``100 Continue`` if the
+        client waits for one); False if the client left, or sent nothing for the body
+        timeout (answered ``408`` here: the app is then told that the client left)."""
+        connection = self.connection
+        if self.head.expect_continue and not self.started:
+            self.head.expect_continue = False  # once
+            await connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        with trio.move_on_after(connection.body_timeout) as deadline:
+            await connection.receive()
+        if deadline.cancelled_caught:
+            await self._refuse(408, b"request body timed out: no byte for %gs"
+                               % connection.body_timeout)  # fmt: skip
+            return False
+        return not connection.eof
+
+    async def _refuse(self, status: int, text: bytes) -> None:
+        """Answer ``status`` with ``text`` and close, for a body the connection cannot go on
+        reading, unless a response has started (then only the close is left)."""
+        self.close = True
+        log.info("%s %s: %d %s", self.head.method, self.head.target.decode("ascii"), status,
+                 text.decode("ascii", "replace"))  # fmt: skip
+        if not self.started:
+            self.started = True
+            self.connection.linger = True  # the rest of the body is not read
+            head = response_head(status, [], content_length(len(text)), close=True)
+            await self.connection.write(head + text)
+        self.finished = True  # whatever the app sends now goes nowhere
+
     async def send(self, message: dict[str, Any]) -> None:
+        if self.finished:
+            return
         if message["type"] == "http.response.start":
             self._start(message)
             if not self.defer_head and self._length is None and not self._empty():
                 # A body of unknown length may be long in coming (a stream of events):
                 # the client gets the head now, as hypercorn sends it.
                 await self.connection.write(self._head(b"", True))
-            return
-        if self.finished:
             return
         body: bytes = message.get("body", b"")
         more: bool = message.get("more_body", False)
@@ -168,6 +235,8 @@ class Exchange:
                 data = b"" if more else LAST_CHUNK
         elif self._no_body:
             data = b""
+        elif self._until_close:
+            data = body
         else:
             data = self._counted(body)
         if not more:
@@ -178,6 +247,9 @@ class Exchange:
                 self._waiting.cancel()
         if data:
             await self.connection.write(data)
+            if self.connection.broken and self._waiting is not None:
+                # The client stopped reading (or left): the app learns it as a disconnect.
+                self._waiting.cancel()
 
     def _start(self, message: dict[str, Any]) -> None:
         self._status = int(message["status"])
@@ -213,6 +285,10 @@ class Exchange:
             framing = content_length(self._length)
         elif self._empty():
             framing = b""
+        elif more and self.head.version == "1.0":  # no chunks: the close ends the body
+            framing = b""
+            self._until_close = not self._no_body
+            self.close = True
         elif more:
             framing = CHUNKED
             self._chunked = not self._no_body
@@ -224,6 +300,8 @@ class Exchange:
             return data
         if self._chunked:
             return data + chunk(body) if body else data
+        if self._until_close:
+            return data + body
         if self._length is not None:
             return data + self._counted(body)
         return data + body

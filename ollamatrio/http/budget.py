@@ -177,6 +177,11 @@ class ConnectionBudget:
         if connection in self._held:
             self._leaving.add(connection)
 
+    async def wait_changed(self) -> None:
+        """Until a connection takes or gives back a place (the accept loop's back-off ends
+        when one closes: its descriptor is free again)."""
+        await self._changed.park()
+
     async def wait_held(self, count: int) -> None:
         """Until exactly ``count`` places are held (tests, benchmarks)."""
         while self.held != count:

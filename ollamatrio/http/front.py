@@ -4,18 +4,20 @@ Hypercorn costs about half of a relayed token's CPU (each ASGI send goes through
 framing, a per-connection lock and a shielded cancel scope) and most of the time to the
 first token, so the server accepts connections itself and serves their requests, one after
 another on the same keep-alive connection, with ASGI ``receive``/``send`` callables that cost
-one ``send_all`` per body piece (``http/asgi.py``).  A plain request over HTTP/1.1
-with a ``Content-Length`` body (or none) is served here whatever its route: the generation
-routes and the progress streams go straight to their ASGI handlers (``api/routes.py``),
-everything else to the same app hypercorn runs (the events route, then Quart), with the
-scope hypercorn would build.  So the official clients, which call ``/api/show`` or
-``/api/tags`` on the connection they chat on, keep the cheap path for their generations.
+one ``send_all`` per body piece (``http/asgi.py``).  A plain request over HTTP/1.1 with a
+``Content-Length`` or chunked body (or none), or over HTTP/1.0 (closed after its answer, as
+h11 does), is served here whatever its route: the generation routes and the progress
+streams go straight to their ASGI handlers (``api/routes.py``), everything else to the same
+app hypercorn runs (the events route, then Quart), with the scope hypercorn would build.
+So the official clients, which call ``/api/show`` or ``/api/tags`` on the connection they
+chat on, keep the cheap path for their generations.
 
-At the first request that is not simple (HTTP/1.0, a chunked body, an upgrade, an oversized
-or unusual head, requests pipelined behind the one being served), the whole connection is
-handed to hypercorn's own per-connection server, the bytes already read replayed first; it
-stays there until it closes.  Hypercorn has no public API for serving a connection it did
-not accept, so :func:`serve_http` repeats ``hypercorn.trio.run.worker_serve`` (lifespan,
+At the first request that is not simple (an upgrade, a transfer coding other than chunked,
+an oversized or unusual head, requests pipelined behind the one being served), the whole
+connection is handed to hypercorn's own per-connection server, the bytes already read
+replayed first; it stays there until it closes (held to the front door's body and send
+deadlines, :class:`ReplayStream`).  Hypercorn has no public API for serving a connection it
+did not accept, so :func:`serve_http` repeats ``hypercorn.trio.run.worker_serve`` (lifespan,
 worker context, shutdown trigger, graceful timeout) around its ``TCPServer``; every
 hypercorn internal that takes is in ``http/hypercorn_bridge.py``, checked by a test against
 the hypercorn versions ``pyproject.toml`` pins.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import traceback
 from collections.abc import Awaitable, Callable
@@ -34,6 +37,8 @@ from typing import Any, Protocol
 
 import trio
 
+from ..config import DEFAULT_BODY_TIMEOUT
+from .accept import serve_listeners
 from .asgi import ASGIApp, Exchange
 from .budget import ConnectionBudget, default_cap, open_file_limit, refuse
 from .host_guard import head_problem
@@ -49,9 +54,11 @@ from .http1 import (
 )
 from .hypercorn_bridge import (
     AppWrapper,
+    BodyWatch,
     Config,
     LifespanState,
     ShutdownError,
+    WatchedStream,
     Worker,
     WorkerContext,
     bind_name,
@@ -144,35 +151,75 @@ def stream_routes_of(app: Any) -> StreamRoutes | None:
     return routes
 
 
-class ReplayStream(trio.abc.HalfCloseableStream):
+class ReplayStream(WatchedStream):
     """A client connection whose first bytes were already read: they come first again.
     (``TCPServer`` uses ``receive_some``, ``send_all``, ``send_eof``, ``aclose`` and
-    ``.socket``.)"""
+    ``.socket``.)
 
-    def __init__(self, stream: trio.SocketStream, prefix: bytes) -> None:
+    It also holds hypercorn's connections to the front door's deadlines, which hypercorn
+    lacks: a request body that sends nothing for ``body_timeout`` is answered ``408`` (if no
+    response has started) and closed; a write the client does not take within
+    ``SEND_TIMEOUT`` closes the connection (hypercorn then tells the app that the client
+    left, which frees a generation's slot).  And it closes even when hypercorn's close runs
+    in a cancelled scope (its ``send_eof`` would raise ``Cancelled`` before ``aclose``, and a
+    ``Connection: close`` answer would never be followed by a close)."""
+
+    def __init__(
+        self, stream: trio.SocketStream, prefix: bytes, body_timeout: float = math.inf
+    ) -> None:
         self.transport = stream
         self.socket = stream.socket
         self._prefix = prefix
+        self.body_timeout = body_timeout
+        self.watch: BodyWatch | None = None  # set by serve_connection: hypercorn's h11 state
+        self.timed_out = False  # closed for a stalled body or a client that stopped reading
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        if not self._prefix:
+        if self._prefix:
+            await trio.lowlevel.checkpoint()
+            size = len(self._prefix) if max_bytes is None else max_bytes
+            data, self._prefix = self._prefix[:size], self._prefix[size:]
+            return data
+        if self.watch is None or not self.watch.reading_body():
             return await self.transport.receive_some(max_bytes)
-        await trio.lowlevel.checkpoint()
-        size = len(self._prefix) if max_bytes is None else max_bytes
-        data, self._prefix = self._prefix[:size], self._prefix[size:]
-        return data
+        with trio.move_on_after(self.body_timeout):
+            return await self.transport.receive_some(max_bytes)
+        # No byte of the body for body_timeout: 408 if nothing of an answer has gone out
+        # (one write that cannot wait: hypercorn's own writes hold its send lock), then close.
+        if self.watch.may_answer():
+            text = b"request body timed out: no byte for %gs" % self.body_timeout
+            with contextlib.suppress(OSError):
+                os.write(
+                    self.socket.fileno(),
+                    response_head(408, [], content_length(len(text)), close=True) + text,
+                )
+        log.info("a request body on a connection served by hypercorn stalled: closed")
+        await self._close_for_timeout()
+        raise trio.ClosedResourceError("the request body stalled")
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self.transport.send_all(data)
+        # Hypercorn shields its writes; a deadline inside the shield still holds.
+        with trio.move_on_after(SEND_TIMEOUT):
+            await self.transport.send_all(data)
+            return
+        await self._close_for_timeout()
+        raise trio.BrokenResourceError("the client took no data for SEND_TIMEOUT")
+
+    async def _close_for_timeout(self) -> None:
+        self.timed_out = True
+        with trio.CancelScope(shield=True):
+            await self.transport.aclose()  # wakes hypercorn's reader: it sees the close
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.transport.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
-        await self.transport.send_eof()
+        with trio.CancelScope(shield=True):  # shutdown(SHUT_WR): never waits
+            await self.transport.send_eof()
 
     async def aclose(self) -> None:
-        await self.transport.aclose()
+        with trio.CancelScope(shield=True):  # closing never waits
+            await self.transport.aclose()
 
 
 class Front:
@@ -182,7 +229,7 @@ class Front:
     def __init__(
         self, app: ASGIApp, wrapped: AppWrapper, routes: StreamRoutes | None,
         config: Config, context: WorkerContext, state: LifespanState,
-        budget: ConnectionBudget | None = None,
+        budget: ConnectionBudget | None = None, body_timeout: float = DEFAULT_BODY_TIMEOUT,
     ) -> None:  # fmt: skip
         self.app = app  # what hypercorn's wrapper calls (the same callable, the same scope)
         self.wrapped = wrapped  # for hypercorn
@@ -194,6 +241,8 @@ class Front:
         self.stopping = False
         self.handoffs = 0  # connections handed to hypercorn (tests and logs look)
         self.budget = budget or ConnectionBudget(default_cap(open_file_limit()))
+        # Seconds a request body may go without a byte (OLLAMATRIO_BODY_TIMEOUT).
+        self.body_timeout = body_timeout
 
     def stop(self) -> None:
         """Read no more requests; close the connections waiting for one."""
@@ -237,8 +286,13 @@ class Front:
                 await connection.close()
         if handoff:
             self.handoffs += 1
-            replay = ReplayStream(stream, bytes(connection.buffer))
-            await serve_connection(self.wrapped, self.config, self.context, self.state, replay)
+            replay = ReplayStream(stream, bytes(connection.buffer), self.body_timeout)
+            try:
+                await serve_connection(self.wrapped, self.config, self.context, self.state, replay)
+            finally:
+                # Hypercorn closes it, unless its close was cut short: then this does.
+                self.budget.leaving(stream)
+                await replay.aclose()
 
     def idle(self) -> trio.CancelScope:
         """A scope for waiting on the next request: keep-alive timeout, or shutdown."""
@@ -278,6 +332,10 @@ class _Connection:
     @property
     def stopping(self) -> bool:
         return self.front.stopping
+
+    @property
+    def body_timeout(self) -> float:
+        return self.front.body_timeout
 
     async def serve(self) -> bool:
         """Exchanges until the connection should close (False) or go to hypercorn (True)."""
@@ -420,16 +478,19 @@ async def serve_http(
     *,
     shutdown_trigger: Callable[..., Awaitable[None]] | None = None,
     budget: ConnectionBudget | None = None,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` (an ASGI app; a :func:`create_app` app gets the front door for its
     generation routes) as ``hypercorn.trio.serve`` does: until ``shutdown_trigger`` returns,
     then running requests get ``config.graceful_timeout`` to finish.  ``budget`` caps the
-    client connections held at once (default: from the open file limit, ``http/budget.py``)."""
+    client connections held at once (default: from the open file limit, ``http/budget.py``);
+    a request body that sends no byte for ``body_timeout`` seconds is answered 408."""
     worker = Worker(HeadGuard(app), config)  # the front door checks its own heads
     front = Front(
-        app, worker.wrapped, stream_routes_of(app), config, worker.context, worker.state, budget
-    )
+        app, worker.wrapped, stream_routes_of(app), config, worker.context, worker.state, budget,
+        body_timeout,
+    )  # fmt: skip
     async with worker.lifespan():
         async with trio.open_nursery() as server_nursery:
             sockets = config.create_sockets()
@@ -449,10 +510,11 @@ async def serve_http(
                     nursery.start_soon(worker.until_terminate)
                     nursery.start_soon(
                         partial(
-                            trio.serve_listeners,
+                            serve_listeners,
                             front.accept,
                             listeners,
                             handler_nursery=server_nursery,
+                            freed=front.budget.wait_changed,
                         )
                     )
             except BaseExceptionGroup as error:

@@ -35,9 +35,11 @@ from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wra
 __all__ = [
     "INTERNALS",
     "AppWrapper",
+    "BodyWatch",
     "Config",
     "LifespanState",
     "ShutdownError",
+    "WatchedStream",
     "Worker",
     "WorkerContext",
     "bind_name",
@@ -47,7 +49,7 @@ __all__ = [
 
 # What this module relies on: "module:name" -> the parameters it passes (a callable's, in
 # order, ``self`` left out), or None for a name that must only exist (a type, an exception).
-# Attributes of instances are checked by the test on real ones.
+# Attributes of instances are checked by the test on real ones (:data:`ATTRIBUTES`).
 INTERNALS: dict[str, tuple[str, ...] | None] = {
     "hypercorn.trio.tcp_server:TCPServer": ("app", "config", "context", "state", "stream"),
     "hypercorn.trio.worker_context:WorkerContext": ("max_requests",),
@@ -71,6 +73,10 @@ INTERNALS: dict[str, tuple[str, ...] | None] = {
     "hypercorn.protocol.h11:H11Protocol._send_error_response": ("status_code",),
     "hypercorn.events:Closed": (),
 }
+# Attributes of a running ``TCPServer`` that :class:`BodyWatch` reads: the path to its
+# HTTP/1.1 connection's h11 state, and the lock its writes hold.
+ATTRIBUTES = ("TCPServer.protocol", "ProtocolWrapper.protocol", "H11Protocol.connection",
+              "TCPServer.send_lock")  # fmt: skip
 
 
 class Worker:
@@ -112,6 +118,41 @@ async def shutdown_on(trigger: Callable[..., Awaitable[None]]) -> None:
     await raise_shutdown(trigger)
 
 
+class BodyWatch:
+    """Whether hypercorn's HTTP/1.1 connection (its h11 state) waits for a request body, and
+    whether nothing of its answer has gone out yet.  Hypercorn has no body-read timeout of
+    its own (its ``read_timeout`` would also cut a silent client waiting for a long
+    stream), so the front door's stream keeps one while this says a body is being read."""
+
+    def __init__(self, server: TCPServer) -> None:
+        self._server = server
+
+    def _h11(self) -> h11.Connection | None:
+        wrapper = getattr(self._server, "protocol", None)  # set once the connection runs
+        connection = getattr(getattr(wrapper, "protocol", None), "connection", None)
+        return connection if isinstance(connection, h11.Connection) else None  # not h2, ws
+
+    def reading_body(self) -> bool:
+        connection = self._h11()
+        return connection is not None and connection.their_state is h11.SEND_BODY
+
+    def may_answer(self) -> bool:
+        """No response has started (nor is any write of hypercorn's under way)."""
+        connection = self._h11()
+        return (
+            connection is not None
+            and connection.our_state is h11.SEND_RESPONSE
+            and not self._server.send_lock.locked()
+        )
+
+
+class WatchedStream(trio.abc.HalfCloseableStream):
+    """A stream that :func:`serve_connection` gives the :class:`BodyWatch` of the hypercorn
+    connection it carries."""
+
+    watch: BodyWatch | None = None
+
+
 async def serve_connection(
     app: AppWrapper,
     config: Config,
@@ -122,8 +163,11 @@ async def serve_connection(
     """Hypercorn's per-connection server, HTTP/1.1 only (:class:`_HTTP1Server`), on a
     connection accepted elsewhere, until it closes.  ``stream`` needs ``receive_some``,
     ``send_all``, ``send_eof``, ``aclose`` and a ``socket`` attribute; it is no TLS stream
-    (``TCPServer`` tells them apart by the missing ``do_handshake``)."""
+    (``TCPServer`` tells them apart by the missing ``do_handshake``).  A
+    :class:`WatchedStream` gets the connection's :class:`BodyWatch`."""
     server = _HTTP1Server(app, config, context, ConnectionState(state.copy()), stream)  # type: ignore[arg-type]
+    if isinstance(stream, WatchedStream):
+        stream.watch = BodyWatch(server)
     try:
         await server
     except* HTTP2Refused:
