@@ -13,6 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..config import Settings
 from ..errors import ServerShuttingDownError
+from ..http.asgi import ANSWERED
 from ..http.cors import CorsAnswer, OriginPolicy, cors_answer
 from ..http.drain import Drain
 from ..http.host_guard import allowed_host, is_loopback_bind
@@ -66,7 +67,9 @@ class _LogClientLeft:
         async def watched_receive() -> Any:
             nonlocal left
             message = await receive()
-            left = left or message["type"] == "http.disconnect"
+            # A disconnect after the exchange answered itself (408, 400) is no client that
+            # left: that answer was logged where it was made.
+            left = left or (message["type"] == "http.disconnect" and ANSWERED not in message)
             return message
 
         async def watched_send(message: Any) -> None:

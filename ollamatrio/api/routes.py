@@ -30,7 +30,7 @@ from ..generation.completion import chat_completion, generate_completion
 from ..generation.load_lines import LoadAnnouncement, LoadLine, announcing_load
 from ..generation.relay import Encoder, Generation, open_generation
 from ..generation.requests import ChatRequest, GenerateRequest
-from ..http.asgi import ASGIApp
+from ..http.asgi import ANSWERED, ASGIApp
 from ..http.cors import OriginPolicy, cors_answer
 from ..http.drain import Drain
 from ..observability.metrics import CLIENT_CLOSED
@@ -260,7 +260,7 @@ class _Exchange:
         while True:
             message = await self.receive()
             if message["type"] == "http.disconnect":
-                self.client_left = True
+                self.client_left = ANSWERED not in message  # else answered (and logged) there
                 return None
             data += message.get("body", b"")
             if len(data) > MAX_JSON_BODY:

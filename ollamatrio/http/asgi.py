@@ -39,6 +39,10 @@ from .http1 import (
 log = logging.getLogger(__name__)
 
 ASGIApp = Callable[..., Awaitable[None]]
+# Set on the ``http.disconnect`` an app receives after the exchange answered the request
+# itself (408 for a stalled body, 400 for malformed chunks): the status it answered, so the
+# app logs no access line of its own (the exchange logged that answer).
+ANSWERED = "ollamatrio.answered"
 _FRAMING = (b"content-length", b"transfer-encoding", b"connection")
 
 
@@ -93,6 +97,7 @@ class Exchange:
         self.finished = False  # the last body piece is written
         self.close = False
         self._status = 0
+        self.refused = 0  # the status the exchange answered itself (see _refuse), if any
         self._headers: list[tuple[bytes, bytes]] = []
         self._length: int | None = None  # the app's Content-Length: what is left of it
         self._chunked = False
@@ -152,13 +157,13 @@ class Exchange:
                 with trio.CancelScope() as self._waiting:
                     await connection.wait_for_eof()
                 self._waiting = None
-            return {"type": "http.disconnect"}
+            return self._disconnect()
         if self._chunks is not None:
             return await self._receive_chunks()
         if self.limit is not None and self.body_left > self.limit:  # answered 413 unread
             raise RequestTooLargeError(f"request body exceeds {self.limit} bytes")
         if self.body_left and not connection.buffer and not await self._read_more():
-            return {"type": "http.disconnect"}
+            return self._disconnect()
         piece = bytes(connection.buffer[: self.body_left])
         del connection.buffer[: len(piece)]
         self.body_left -= len(piece)
@@ -176,11 +181,11 @@ class Exchange:
                 piece = chunks.take(connection.buffer)
             except BadRequest as exc:
                 await self._refuse(400, str(exc).encode())
-                return {"type": "http.disconnect"}
+                return self._disconnect()
             if piece or chunks.done:
                 break
             if not await self._read_more():
-                return {"type": "http.disconnect"}
+                return self._disconnect()
         self._body_read = chunks.done
         self.body_left = 0 if chunks.done else 1  # some of the body is still to come
         return {"type": "http.request", "body": piece, "more_body": not chunks.done}
@@ -201,10 +206,16 @@ class Exchange:
             return False
         return not connection.eof
 
+    def _disconnect(self) -> dict[str, Any]:
+        if self.refused:
+            return {"type": "http.disconnect", ANSWERED: self.refused}
+        return {"type": "http.disconnect"}
+
     async def _refuse(self, status: int, text: bytes) -> None:
         """Answer ``status`` with ``text`` and close, for a body the connection cannot go on
         reading, unless a response has started (then only the close is left)."""
         self.close = True
+        self.refused = status
         log.info("%s %s: %d %s", self.head.method, self.head.target.decode("ascii"), status,
                  text.decode("ascii", "replace"))  # fmt: skip
         if not self.started:
