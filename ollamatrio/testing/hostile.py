@@ -88,8 +88,8 @@ class Hostile:
                 self._head("POST", "/api/show", f"Content-Length: {len(body)}") + body[:1]
             )
             answer, closed = await self._read_all(stream, self.body_timeout + self.limit)
-        status = _status(answer)
-        self._record("slow_body", started, closed and status in (408, 0), _seen(status, closed))
+        status = status_of(answer)
+        self._record("slow_body", started, closed and status in (408, 0), describe(status, closed))
 
     async def half_close(self) -> None:
         started = time.monotonic()
@@ -103,8 +103,8 @@ class Hostile:
             )
             await stream.send_eof()
             answer, closed = await self._read_all(stream, 60.0)
-        status = _status(answer)
-        self._record("half_close", started, closed and status < 500, _seen(status, closed))
+        status = status_of(answer)
+        self._record("half_close", started, closed and status < 500, describe(status, closed))
 
     async def http10(self) -> None:
         started = time.monotonic()
@@ -117,18 +117,18 @@ class Hostile:
                 + body
             )
             answer, closed = await self._read_all(stream, 60.0)
-        status = _status(answer)
+        status = status_of(answer)
         done = b'"done":true' in answer
-        self._record("http10", started, closed and status == 200 and done, _seen(status, closed))
+        self._record("http10", started, closed and status == 200 and done, describe(status, closed))
 
     async def h2_preface(self) -> None:
         started = time.monotonic()
         async with await self._connect() as stream:
             await stream.send_all(H2_PREFACE)
             answer, closed = await self._read_all(stream, self.limit)
-        status = _status(answer)
+        status = status_of(answer)
         ok = closed and (status == 0 or 400 <= status < 500)
-        self._record("h2_preface", started, ok, _seen(status, closed))
+        self._record("h2_preface", started, ok, describe(status, closed))
 
     async def h2c_upgrade(self) -> None:
         started = time.monotonic()
@@ -138,9 +138,9 @@ class Hostile:
                 "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA",
             ))  # fmt: skip
             answer, closed = await self._read_all(stream, self.limit)
-        status = _status(answer)
+        status = status_of(answer)
         ok = answer.startswith(b"HTTP/1.1 200") and closed
-        self._record("h2c_upgrade", started, ok, _seen(status, closed))
+        self._record("h2c_upgrade", started, ok, describe(status, closed))
 
     async def duplicate_host(self) -> None:
         await self._expect_400(
@@ -155,8 +155,8 @@ class Hostile:
         async with await self._connect() as stream:
             await stream.send_all(self._head("GET", "/api/tags", *headers, "Connection: close"))
             answer, closed = await self._read_all(stream, self.limit)
-        status = _status(answer)
-        self._record(kind, started, status == 400, _seen(status, closed))
+        status = status_of(answer)
+        self._record(kind, started, status == 400, describe(status, closed))
 
     async def oversize_upload(self) -> None:
         started = time.monotonic()
@@ -172,8 +172,8 @@ class Hostile:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # answered before the whole body: read what it said
             answer, closed = await self._read_all(stream, self.limit)
-        status = _status(answer)
-        self._record("oversize_upload", started, status == 400, _seen(status, closed))
+        status = status_of(answer)
+        self._record("oversize_upload", started, status == 400, describe(status, closed))
 
     def kinds(self) -> dict[str, Callable[[], Awaitable[None]]]:
         return {
@@ -188,12 +188,12 @@ class Hostile:
         }
 
 
-def _seen(status: int, closed: bool) -> str:
+def describe(status: int, closed: bool) -> str:
     """A probe's answer in a word: the status, and whether the server closed in time."""
     return f"{status or 'no response'}{'' if closed else ', left open'}"
 
 
-def _status(answer: bytes) -> int:
+def status_of(answer: bytes) -> int:
     """The status of the first response in ``answer``; 0 when there is none."""
     parts = answer.split(b" ", 2)
     if len(parts) >= 2 and parts[0].startswith(b"HTTP/") and parts[1].isdigit():
@@ -231,4 +231,4 @@ async def run_hostile(
         # Probes in flight finish (each is bounded); no new ones start.
 
 
-__all__ = ["H2_PREFACE", "Hostile", "Probe", "run_hostile"]
+__all__ = ["H2_PREFACE", "Hostile", "Probe", "describe", "run_hostile", "status_of"]
