@@ -310,6 +310,22 @@ async def test_request_cancelled_while_queued_leaves_nothing_behind(autojump_clo
         assert "a" not in engines.engines
 
 
+async def test_a_request_right_after_an_abandoned_load_gets_a_fresh_one(autojump_clock, models):
+    """A load whose only client left is abandoned at once; a request for the same model
+    that arrives before the runner task has ended that load must not join it (it would
+    fail with "load abandoned"), whichever task Trio runs first: it waits for a new load."""
+    async with scheduler(default=SimulatedBehaviour(load_seconds=30)) as (sched, _, _):
+        for _ in range(20):  # Trio picks the order of ready tasks at random: try many
+            with trio.move_on_after(5):
+                await use(sched, req(models, "a"))
+            # Cancelled and forgotten: the load is abandoned, its task not yet run.
+            await use(sched, req(models, "a"))
+            assert loaded(sched) == ["a"]
+            sched.unload(str(models["a"]))
+            await trio.sleep(1)
+            assert loaded(sched) == []
+
+
 async def test_load_continues_while_another_request_still_wants_it(autojump_clock, models):
     async with scheduler(default=SimulatedBehaviour(load_seconds=30)) as (sched, _, _):
         async with trio.open_nursery() as nursery:

@@ -166,6 +166,12 @@ class Runner:
         self.idle_deadline = trio.current_time()
         self._notify()
 
+    @property
+    def abandoned(self) -> bool:
+        """Its load was given up (nobody waits for it): its task has not ended it yet, but
+        it will fail."""
+        return self.state is RunnerState.LOADING and self.scope.cancel_called
+
     def abandon_load_if_unwanted(self) -> None:
         """A client gave up while its model loaded: keep loading only if someone still waits."""
         if self.state is RunnerState.LOADING and self.waiters == 0 and self.refs == 0:
@@ -200,7 +206,9 @@ class Runner:
         the requests it has, so a busy victim always drains and the request waiting for
         its room is served, however many newcomers would have kept it busy."""
         if self.state is RunnerState.LOADING:
-            return True  # those waiting for the load are served when it is ready
+            # Those waiting for the load are served when it is ready, unless it was
+            # abandoned: a newcomer waits for a fresh load instead of joining this one.
+            return not self.abandoned
         if self.state is not RunnerState.READY:
             return False
         return trio.current_time() < self.evicted_at + (self.loaded_at - self.load_started)

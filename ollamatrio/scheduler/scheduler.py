@@ -378,7 +378,7 @@ class Scheduler:
                     pending.attach(runner)
                     continue
                 remaining.append(pending)
-                if runner.state is RunnerState.UNLOADING or runner.evicting:
+                if runner.state is RunnerState.UNLOADING or runner.evicting or runner.abandoned:
                     continue  # the old one is on its way out; decide when it is gone
                 # Loaded with other options: it must go first (B25), in arrival order.
                 if not eviction_in_progress:
