@@ -20,6 +20,7 @@ from ollamatrio.engines.process import ProcessEngineFactory
 from ollamatrio.errors import InvalidRequestError
 from ollamatrio.generation.images import check_image
 from ollamatrio.gguf import read_gguf
+from ollamatrio.memory import MemoryOptions, estimate, plan_layout, projector_bytes
 from ollamatrio.store import MEDIA_PROJECTOR
 from ollamatrio.testing.tiny_clip import image_tokens, tiny_png, write_tiny_clip
 
@@ -194,3 +195,40 @@ async def test_an_image_reaches_a_runner_with_the_projector_loaded(
             assert seen_o.usage is not None
             assert plain_o.usage is not None
             assert seen_o.usage.prompt_tokens >= plain_o.usage.prompt_tokens + image_tokens()
+
+
+# -- the projector's memory -----------------------------------------------------------
+
+
+def test_the_projector_is_part_of_the_prediction(tiny_gguf, projector: Path) -> None:
+    clip = read_gguf(projector)
+    extra = projector_bytes(clip)
+    assert extra > clip.tensor_bytes  # weights and the encoder's graph
+    model = read_gguf(tiny_gguf())
+    plain = estimate(model, MemoryOptions(num_ctx=2048))
+    seen = estimate(model, MemoryOptions(num_ctx=2048, projector=extra))
+    assert seen.total == plain.total + extra
+
+    cpu = plan_layout(seen, [])
+    assert cpu.host_bytes == plan_layout(plain, []).host_bytes + extra
+    gpus = [("gpu-0", 1 << 30), ("gpu-1", 1 << 30)]
+    on_gpu, without = plan_layout(seen, gpus), plan_layout(plain, gpus)
+    assert on_gpu.host_bytes == without.host_bytes
+    assert on_gpu.vram == without.vram + extra
+    (first, *_) = on_gpu.vram_by_gpu
+    assert on_gpu.vram_by_gpu[first] == without.vram_by_gpu[first] + extra
+
+
+async def test_a_loaded_vision_model_reports_its_projector(
+    api_server, tiny_gguf, projector: Path
+) -> None:
+    with trio.fail_after(60):
+        async with api_server() as srv, ollama.AsyncClient(host=srv.url) as c:
+            await create_vision_model(srv.url, tiny_gguf(), projector)
+            # Both share one model file, so one runner at a time: the projector reloads it.
+            await c.generate("tiny", "", keep_alive=60)
+            (plain,) = (await c.ps()).models
+            await c.generate("vis", "", keep_alive=60)
+            (seen,) = (await c.ps()).models
+            assert (plain.model, seen.model) == ("tiny:latest", "vis:latest")
+            assert seen.size == plain.size + projector_bytes(read_gguf(projector))
