@@ -119,6 +119,7 @@ class MemoryOptions:
     num_batch: int = 512
     kv_cache_type: str = "f16"
     flash_attention: bool | None = False
+    projector: int = 0  # a vision projector's bytes (:func:`projector_bytes`), 0 without one
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +275,7 @@ class Estimate:
     gpu_graph_partial: int  # GPU compute graph when some layers stay on the CPU
     output_buffer: int  # logits (and embeddings) buffer, on the CPU
     overhead: int  # runner process and llama.cpp's vocabulary
+    projector: int = 0  # vision projector weights + image encoder graph, on the first device
 
     @property
     def block_count(self) -> int:
@@ -308,6 +310,7 @@ class Estimate:
             + self.cpu_work
             + self.output_buffer
             + self.overhead
+            + self.projector
         )
 
 
@@ -383,7 +386,23 @@ def estimate(model: GGUFInfo | ModelProfile, opts: MemoryOptions) -> Estimate:
         gpu_graph_partial=partial,
         output_buffer=outputs,
         overhead=overhead,
+        projector=max(0, opts.projector),
     )
+
+
+def projector_bytes(info: GGUFInfo) -> int:
+    """A vision projector's memory once loaded: its weights plus the image encoder's compute
+    graph for one image (f32 activations of one block over the patch grid, attention scores
+    included).  Not calibrated against measured loads the way the text model is."""
+    md = info.metadata
+    image = int(md.get("clip.vision.image_size") or 0)
+    patch = int(md.get("clip.vision.patch_size") or 0) or 1
+    embd = int(md.get("clip.vision.embedding_length") or 0)
+    ff = int(md.get("clip.vision.feed_forward_length") or 0)
+    heads = int(md.get("clip.vision.attention.head_count") or 0)
+    positions = (image // patch) ** 2 + 1  # the patches and the class embedding
+    graph = 4 * positions * (6 * embd + 2 * ff) + 4 * heads * positions * positions
+    return info.tensor_bytes + graph
 
 
 def _ollama_llama_graph(p: ModelProfile, c: int, b: int) -> tuple[int, int]:
@@ -461,9 +480,11 @@ def plan_layout(
         max(
             0,
             int((free - gpu_overhead - reserves.get(gpu_id, 0)) / factors.get(gpu_id, 1.0))
-            - estimate.gpu_graph,
+            - estimate.gpu_graph
+            # The runner's first GPU also holds the projector (mtmd's default device).
+            - (estimate.projector if index == 0 else 0),
         )
-        for gpu_id, free in gpus
+        for index, (gpu_id, free) in enumerate(gpus)
     ]
     sizes = estimate.layer_sizes[::-1]  # top-down: llama.cpp offloads the last layers
 
@@ -486,6 +507,7 @@ def plan_layout(
     seq = (estimate.output_weights, *sizes) if full else sizes
     graph = estimate.gpu_graph_full if full else estimate.gpu_graph_partial
     start = 0
+    first = next((i for i, count in enumerate(counts) if count), None)
     for index in range(len(gpus) - 1, -1, -1):  # the last GPU holds the top layers
         count = counts[index]
         if count:
@@ -493,6 +515,8 @@ def plan_layout(
             gpu_layers[gpu_id] = count
             model_part = (sum(seq[start : start + count]) + graph) * factors.get(gpu_id, 1.0)
             vram[gpu_id] = int(model_part) + reserves.get(gpu_id, 0)
+            if index == first:
+                vram[gpu_id] += estimate.projector
             start += count
 
     cpu_blocks = n_blocks - min(placed, n_blocks)
@@ -504,6 +528,7 @@ def plan_layout(
         + (estimate.cpu_compute_offloaded if full else estimate.cpu_compute + estimate.cpu_work)
         + estimate.output_buffer
         + estimate.overhead
+        + (estimate.projector if first is None else 0)
     )
     return Layout(
         gpu_layers=dict(reversed(gpu_layers.items())),

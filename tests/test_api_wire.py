@@ -150,7 +150,7 @@ async def test_model_is_echoed_as_sent(api_server) -> None:
             "/api/generate",
             b'{"model": "tiny", "prompt": "x", "images": ["aGk="]}',
             400,
-            '"tiny" does not support vision: it has no projector (mmproj)',
+            '"tiny" does not support vision',
         ),
         (
             "/api/generate",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import trio
 
 from ..errors import QueueFullError
+from ..generation.images import check_images
 from ..generation.requests import ChatRequest, EmbedRequest, GenerateRequest
 from ..gguf import GGUFInfo
 from ..scheduler import ModelRequest
@@ -63,7 +64,8 @@ async def prepare(ctx: ApiContext, req: GenerateRequest | ChatRequest) -> Prepar
     caps = capabilities(model, info)
     require(req.model, caps, "completion", "chat" if isinstance(req, ChatRequest) else "generate")
     if req.has_images:
-        require(req.model, caps, "vision", "vision: it has no projector (mmproj)")
+        require(req.model, caps, "vision")
+        check_images(req)
     if req.think:
         require(req.model, caps, "thinking")
     if isinstance(req, ChatRequest) and req.tools:

@@ -29,7 +29,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from ..devices import SimulatedDevices
 from ..errors import InvalidRequestError, OutOfMemoryError, RunnerCrashedError, RunnerStartError
 from ..gguf import GGUFInfo
-from ..memory import MemoryOptions, estimate, gpu_context_reserve, plan_layout
+from ..memory import (
+    MemoryOptions,
+    estimate,
+    gpu_context_reserve,
+    plan_layout,
+    projector_bytes,
+)
 from ..model_info import read_model_info
 from ..types import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage
 from .llamacpp_wire import EMBED_INPUT_TOO_LONG
@@ -258,6 +264,9 @@ class SimulatedEngineFactory:
                 num_batch=spec.num_batch,
                 kv_cache_type=spec.kv_cache_type,
                 flash_attention=spec.flash_attention,
+                projector=projector_bytes(await read_model_info(spec.projector))
+                if spec.projector
+                else 0,
             ),
         )
         if not spec.gpu_ids or spec.num_gpu == 0 or self._devices is None:

@@ -66,6 +66,9 @@ def build_params(config: RunnerConfig, plan: LoadPlan) -> xlc.CommonParams:
         p.lora_adapters = [xlc.CommonAdapterLoraInfo(path, 1.0) for path in spec.adapters]
     if spec.projector:
         p.mmproj.path = spec.projector
+        # mtmd puts the projector on the first GPU unless told not to: a CPU-only load keeps
+        # it on the CPU, where the memory prediction counts it.
+        p.mmproj_use_gpu = plan.n_gpu_layers != 0
     if spec.chat_template:
         p.chat_template = spec.chat_template
     return p

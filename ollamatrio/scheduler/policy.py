@@ -111,6 +111,7 @@ def decide(
             num_batch=load.num_batch,
             kv_cache_type=settings.kv_cache_type,
             flash_attention=settings.flash_attention,  # None: auto, as the runner
+            projector=pending.projector,
         ),
     )
     active = [r for r in runners if r.state is not RunnerState.UNLOADING]

@@ -63,10 +63,13 @@ class Lease:
 class PendingRequest:
     """A request waiting for the placement task to find it a runner."""
 
-    def __init__(self, request: ModelRequest, info: GGUFInfo, load: LoadOptions) -> None:
+    def __init__(
+        self, request: ModelRequest, info: GGUFInfo, load: LoadOptions, projector: int = 0
+    ) -> None:
         self.request = request
         self.info = info
         self.load = load
+        self.projector = projector  # the vision projector's predicted bytes, 0 without one
         self.runner: Runner | None = None  # set when attached to a (loading or ready) runner
         self.error: BaseException | None = None
         self.decided = trio.Event()

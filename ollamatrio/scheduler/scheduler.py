@@ -45,6 +45,7 @@ from ..errors import (
     SchedulerClosedError,
 )
 from ..gguf import GGUFInfo
+from ..memory import projector_bytes
 from ..model_config import ModelConfig
 from .calibration import VramCalibration
 from .events import EventHub, EventKind, EvictReason, SchedulerEvent
@@ -211,7 +212,10 @@ class Scheduler:
             runner.pin(request.keep_alive)  # fast path (B3): no checkpoint after this
             return runner
 
-        pending = PendingRequest(request, info, load)
+        projector = 0
+        if request.projector is not None:
+            projector = projector_bytes(await self._read_model(request.projector))
+        pending = PendingRequest(request, info, load, projector)
         self._admit()
         self._publish("queued", request.name, request.key, queued=self._queued_for(request.key) + 1)
         try:

@@ -294,8 +294,10 @@ def _gguf_step(store: ModelStore, digest: str, pins: PinSet, *, adapter: bool) -
     kind = info.metadata.get("general.type")
     if adapter or kind == "adapter":
         media = MEDIA_ADAPTER
-    elif kind in ("projector", "mmproj") or f"{info.architecture}.vision.block_count" in (
-        info.metadata
+    elif (
+        info.architecture == "clip"  # how Ollama tells a projector from a model
+        or kind in ("projector", "mmproj")
+        or f"{info.architecture}.vision.block_count" in info.metadata
     ):
         media = MEDIA_PROJECTOR
     else:

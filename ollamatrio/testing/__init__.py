@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ollamatrio.testing.tiny_clip import tiny_png, write_tiny_clip
 from ollamatrio.testing.tiny_gguf import (
     CHATML,
     CORRUPTIONS,
@@ -22,6 +23,8 @@ __all__ = [
     "MetadataValue",
     "Pooling",
     "TokenizerKind",
+    "tiny_png",
+    "write_tiny_clip",
     "write_tiny_gguf",
     "write_tiny_lora",
 ]

@@ -1,0 +1,234 @@
+"""Images with vision models: the tiny CLIP projector generator, a model created from two
+GGUF files (the projector detected by its architecture), the image checks every route
+shares, and images reaching a real llama.cpp runner with the projector loaded."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+import openai
+import pytest
+import trio
+
+from ollamatrio.engines.process import ProcessEngineFactory
+from ollamatrio.errors import InvalidRequestError
+from ollamatrio.generation.images import check_image
+from ollamatrio.gguf import read_gguf
+from ollamatrio.memory import MemoryOptions, estimate, plan_layout, projector_bytes
+from ollamatrio.store import MEDIA_PROJECTOR
+from ollamatrio.testing.tiny_clip import image_tokens, tiny_png, write_tiny_clip
+
+PNG = base64.b64encode(tiny_png()).decode()
+
+
+@pytest.fixture
+def projector(tmp_path: Path) -> Path:
+    return write_tiny_clip(tmp_path / "mmproj.gguf", text_embd=64)  # the tiny model's width
+
+
+async def create_vision_model(url: str, model: Path, projector: Path, name: str = "vis") -> None:
+    """``/api/create`` from two uploaded GGUF files, as ``ollama create`` sends them."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+        files = {}
+        for path in (model, projector):
+            data = path.read_bytes()
+            digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+            assert (await c.post(f"/api/blobs/{digest}", content=data)).status_code in (200, 201)
+            files[path.name] = digest
+        r = await c.post("/api/create", json={"model": name, "files": files, "stream": False})
+        assert r.status_code == 200, r.text
+
+
+# -- the generator --------------------------------------------------------------------
+
+
+def test_the_tiny_projector_is_a_clip_gguf(projector: Path) -> None:
+    info = read_gguf(projector)
+    assert info.architecture == "clip"
+    assert info.metadata["clip.projector_type"] == "mlp"
+    assert info.metadata["clip.vision.projection_dim"] == 64
+    assert image_tokens() == 16
+
+
+def test_the_tiny_png_is_a_png() -> None:
+    data = tiny_png(3, 2, (1, 2, 3))
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    start = data.index(b"IDAT") + 4
+    pixels = zlib.decompress(data[start : data.index(b"IEND") - 8])
+    assert pixels == (b"\x00" + bytes((1, 2, 3)) * 3) * 2
+
+
+@pytest.mark.parametrize(
+    ("image", "message"),
+    [
+        ("not base64!", "invalid image 3: not valid base64"),
+        (base64.b64encode(b"hello world").decode(), "invalid image 3: not a PNG, JPEG"),
+        ("", "invalid image 3: not a PNG, JPEG"),
+    ],
+)
+def test_a_broken_image_is_named(image: str, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        check_image(image, 3)
+
+
+@pytest.mark.parametrize("head", [b"\xff\xd8\xff\xe0", b"GIF89a", b"BM", b"\x89PNG\r\n\x1a\n"])
+def test_image_formats_the_runner_decodes_pass(head: bytes) -> None:
+    check_image(base64.b64encode(head + b"rest").decode())
+    wrapped = base64.encodebytes(head + b"x" * 100).decode()  # line breaks, as Go allows
+    check_image(wrapped)
+
+
+# -- the store and the routes (simulated engine) ------------------------------------
+
+
+async def test_a_model_created_from_a_model_and_a_projector_has_vision(
+    api_server, tiny_gguf, projector: Path
+) -> None:
+    with trio.fail_after(60):
+        async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as c:
+            await create_vision_model(srv.url, tiny_gguf(), projector)
+            model = srv.store.resolve("vis")
+            assert len(model.projectors) == 1
+            manifest = srv.store.manifest_path(model.name).read_text()
+            assert MEDIA_PROJECTOR in manifest
+            show = (await c.post("/api/show", json={"model": "vis"})).json()
+            assert "vision" in show["capabilities"]
+            assert show["projector_info"]["general.architecture"] == "clip"
+            assert show["projector_info"]["clip.projector_type"] == "mlp"
+            plain = (await c.post("/api/show", json={"model": "tiny"})).json()
+            assert "vision" not in plain["capabilities"]
+            assert "projector_info" not in plain
+
+
+NO_VISION = '"tiny" does not support vision'
+
+
+def chat(model: str, images: list[str]) -> dict[str, Any]:
+    message = {"role": "user", "content": "what is this?", "images": images}
+    return {"model": model, "messages": [message], "stream": False}
+
+
+def openai_chat(model: str, url: str) -> dict[str, Any]:
+    parts = [{"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": url}}]
+    return {"model": model, "messages": [{"role": "user", "content": parts}]}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "error"),
+    [
+        ("/api/chat", chat("vis", [PNG]), 200, None),
+        ("/api/generate", {"model": "vis", "prompt": "x", "images": [PNG], "stream": False},
+         200, None),
+        ("/v1/chat/completions", openai_chat("vis", f"data:image/png;base64,{PNG}"), 200, None),
+        ("/api/chat", chat("tiny", [PNG]), 400, NO_VISION),
+        ("/api/generate", {"model": "tiny", "prompt": "x", "images": [PNG]}, 400, NO_VISION),
+        ("/v1/chat/completions", openai_chat("tiny", f"data:image/png;base64,{PNG}"), 400,
+         NO_VISION),
+        ("/api/chat", chat("vis", [PNG, "%%%"]), 400, "invalid image 2: not valid base64"),
+        ("/api/generate", {"model": "vis", "prompt": "x", "images": ["aGVsbG8="]}, 400,
+         "invalid image 1: not a PNG, JPEG, GIF or BMP image"),
+        ("/v1/chat/completions", openai_chat("vis", "data:image/png;base64,aGVsbG8="), 400,
+         "invalid image 1: not a PNG, JPEG, GIF or BMP image"),
+    ],
+)  # fmt: skip
+async def test_images_on_every_route(
+    api_server, tiny_gguf, projector: Path, path: str, body: dict[str, Any], status: int,
+    error: str | None,
+) -> None:  # fmt: skip
+    with trio.fail_after(60):
+        async with api_server() as srv, httpx.AsyncClient(base_url=srv.url, timeout=30) as c:
+            await create_vision_model(srv.url, tiny_gguf(), projector)
+            r = await c.post(path, json=body)
+            assert r.status_code == status, r.text
+            if error is not None:
+                got = r.json()["error"]
+                assert error in (got if isinstance(got, str) else got["message"])
+
+
+# -- a real runner ----------------------------------------------------------------
+
+
+async def test_an_image_reaches_a_runner_with_the_projector_loaded(
+    api_server, tiny_gguf, projector: Path
+) -> None:
+    """Each route's image becomes the projector's embeddings in the prompt: the image
+    request evaluates at least one image's worth of positions more than the same text."""
+    options = {"num_predict": 1, "temperature": 0}
+    with trio.fail_after(180):
+        async with (
+            api_server(engines=ProcessEngineFactory(load_timeout=60)) as srv,
+            ollama.AsyncClient(host=srv.url) as c,
+        ):
+            await create_vision_model(srv.url, tiny_gguf(), projector)
+            text = {"role": "user", "content": "what is in the picture?"}
+            # The image first: its prompt has no cached prefix beyond the text's.
+            seen = await c.chat("vis", [{**text, "images": [PNG]}], options=options)
+            plain = await c.chat("vis", [text], options=options)
+            assert seen.prompt_eval_count >= plain.prompt_eval_count + image_tokens()
+            (info,) = srv.scheduler.ps()
+            assert srv.scheduler.runner(info.model_path).projector is not None
+
+            seen_g = await c.generate("vis", "describe it", images=[PNG], options=options)
+            plain_g = await c.generate("vis", "describe it", options=options)
+            assert seen_g.prompt_eval_count >= plain_g.prompt_eval_count + image_tokens()
+
+            oai = openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="ollama")
+            async with oai:
+                parts = [
+                    {"type": "text", "text": "and this one?"},
+                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+                ]
+                seen_o = await oai.chat.completions.create(
+                    model="vis", messages=[{"role": "user", "content": parts}], max_tokens=1
+                )
+                plain_o = await oai.chat.completions.create(
+                    model="vis",
+                    messages=[{"role": "user", "content": "and this one?"}],
+                    max_tokens=1,
+                )
+            assert seen_o.usage is not None
+            assert plain_o.usage is not None
+            assert seen_o.usage.prompt_tokens >= plain_o.usage.prompt_tokens + image_tokens()
+
+
+# -- the projector's memory -----------------------------------------------------------
+
+
+def test_the_projector_is_part_of_the_prediction(tiny_gguf, projector: Path) -> None:
+    clip = read_gguf(projector)
+    extra = projector_bytes(clip)
+    assert extra > clip.tensor_bytes  # weights and the encoder's graph
+    model = read_gguf(tiny_gguf())
+    plain = estimate(model, MemoryOptions(num_ctx=2048))
+    seen = estimate(model, MemoryOptions(num_ctx=2048, projector=extra))
+    assert seen.total == plain.total + extra
+
+    cpu = plan_layout(seen, [])
+    assert cpu.host_bytes == plan_layout(plain, []).host_bytes + extra
+    gpus = [("gpu-0", 1 << 30), ("gpu-1", 1 << 30)]
+    on_gpu, without = plan_layout(seen, gpus), plan_layout(plain, gpus)
+    assert on_gpu.host_bytes == without.host_bytes
+    assert on_gpu.vram == without.vram + extra
+    (first, *_) = on_gpu.vram_by_gpu
+    assert on_gpu.vram_by_gpu[first] == without.vram_by_gpu[first] + extra
+
+
+async def test_a_loaded_vision_model_reports_its_projector(
+    api_server, tiny_gguf, projector: Path
+) -> None:
+    with trio.fail_after(60):
+        async with api_server() as srv, ollama.AsyncClient(host=srv.url) as c:
+            await create_vision_model(srv.url, tiny_gguf(), projector)
+            # Both share one model file, so one runner at a time: the projector reloads it.
+            await c.generate("tiny", "", keep_alive=60)
+            (plain,) = (await c.ps()).models
+            await c.generate("vis", "", keep_alive=60)
+            (seen,) = (await c.ps()).models
+            assert (plain.model, seen.model) == ("tiny:latest", "vis:latest")
+            assert seen.size == plain.size + projector_bytes(read_gguf(projector))
