@@ -50,6 +50,9 @@ DEFAULT_ORIGINS: tuple[str, ...] = (
 )
 
 
+DEFAULT_RESPONSES_TTL = 30 * 24 * 3600.0  # seconds: as long as OpenAI keeps them
+
+
 def _default_models_dir() -> Path:
     return Path.home() / ".ollama" / "models"
 
@@ -91,6 +94,11 @@ class Settings:
     # OLLAMATRIO_CONFIG: the per-model settings file (model_config.py), read by the server
     # at start-up only, so that client commands never fail on it.
     config_path: Path | None = None
+    # OLLAMATRIO_DATA: the server's own state (stored /v1/responses); None = a folder
+    # "ollamatrio" beside the model store, never inside its blobs or manifests.
+    data_dir: Path | None = None
+    # OLLAMATRIO_RESPONSES_TTL: how long a stored response is kept; math.inf = forever.
+    responses_ttl: float = DEFAULT_RESPONSES_TTL
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -155,7 +163,17 @@ class Settings:
             simulated_gpus=env.get("OLLAMATRIO_SIMULATED_GPUS", "").strip(),
             simulated_engine=env.get("OLLAMATRIO_SIMULATED_ENGINE", "").strip(),
             config_path=Path(config).expanduser() if config else None,
+            data_dir=Path(data).expanduser() if (data := _var(env, "OLLAMATRIO_DATA")) else None,
+            responses_ttl=_env_duration(
+                env, "OLLAMATRIO_RESPONSES_TTL", DEFAULT_RESPONSES_TTL, zero_is_inf=True
+            ),
         )
+
+    @property
+    def state_dir(self) -> Path:
+        """Where the server keeps its own state: OLLAMATRIO_DATA, else ``ollamatrio``
+        beside the model store."""
+        return self.data_dir if self.data_dir is not None else self.models_dir.parent / "ollamatrio"
 
     @property
     def url(self) -> str:

@@ -81,3 +81,8 @@ class InsufficientMemoryError(OllamatrioError):
 class ModelLimitError(OllamatrioError):
     """A model cannot load because every resident model is pinned and the model count
     (``OLLAMA_MAX_LOADED_MODELS``) is reached: waiting would be forever."""
+
+
+class ResponseNotFoundError(ModelNotFoundError):
+    """A stored ``/v1/responses`` response that does not exist or has expired: HTTP 404 (a
+    model-not-found's family, so that every dialect maps it to the same status)."""

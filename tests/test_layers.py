@@ -23,7 +23,7 @@ FLOORS: list[list[str]] = [
     ["config", "gguf", "modelfile", "template"],
     ["log", "devices", "memory", "model_info"],
     ["runner"],  # the child process: facts and records only
-    ["engines", "store"],
+    ["engines", "store", "response_store"],
     ["model_config", "testing"],
     ["scheduler"],
     ["generation"],  # the typed core every dialect shares: lease + stream, load lines

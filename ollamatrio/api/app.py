@@ -19,12 +19,15 @@ from ..http.drain import Drain
 from ..http.host_guard import allowed_host, is_loopback_bind
 from ..observability.events import EventsRoute
 from ..observability.metrics import CLIENT_CLOSED, CONTENT_TYPE, OTHER_ENDPOINT, ServerMetrics
+from ..response_store import FILE_NAME as RESPONSES_FILE
+from ..response_store import ResponseStore
 from ..scheduler import Scheduler
 from ..store import ModelStore
 from .errors import response_for
 from .models import ApiContext
 from .native import OllamaApi
 from .openai import OpenAiApi, openai_error_response
+from .responses import ResponsesApi, prune_forever
 from .routes import GenerationRoutes
 
 log = logging.getLogger(__name__)
@@ -101,11 +104,20 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
         PROVIDE_AUTOMATIC_OPTIONS=False,  # preflights are answered below
     )
     metrics = ServerMetrics(scheduler)
-    ctx = ApiContext(scheduler=scheduler, store=store, settings=settings, metrics=metrics)
+    responses = ResponseStore(settings.state_dir / RESPONSES_FILE, settings.responses_ttl)
+    ctx = ApiContext(
+        scheduler=scheduler, store=store, settings=settings, metrics=metrics, responses=responses
+    )
     drain = app.drain
     app.extensions["ollamatrio"] = ctx
     OllamaApi(ctx).register(app)
     OpenAiApi(ctx).register(app)
+    ResponsesApi(responses).register(app)
+
+    @app.before_serving
+    async def prune_stored_responses() -> None:
+        app.nursery.start_soon(prune_forever, responses)
+
     origins = OriginPolicy.from_origins(settings.origins)
     guard_hosts = is_loopback_bind(settings.host)
 

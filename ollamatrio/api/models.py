@@ -22,6 +22,7 @@ from ..errors import (
 from ..gguf import ArraySummary, GGUFInfo
 from ..model_info import read_model_info
 from ..modelfile import Message, Modelfile, render_modelfile, render_parameters
+from ..response_store import ResponseStore
 from ..scheduler import ModelRequest, Scheduler
 from ..store import Model, ModelStore, parse_name
 from ..wire import rfc3339
@@ -48,6 +49,7 @@ class ApiContext:
     store: ModelStore
     settings: Settings
     metrics: ServerMetrics | None = None  # create_app's; None where a test builds a context
+    responses: ResponseStore | None = None  # stored /v1/responses; create_app's
     # Resolved models by the name asked for, and the model list, each with the trio time
     # they were read and the store generation they were read at.
     _models: dict[str, tuple[float, int, Model]] = field(default_factory=dict)

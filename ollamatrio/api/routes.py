@@ -24,7 +24,12 @@ from typing import Any, Protocol
 import trio
 from quart import Response
 
-from ..errors import OllamatrioError, RequestTooLargeError, ServerShuttingDownError
+from ..errors import (
+    InvalidRequestError,
+    OllamatrioError,
+    RequestTooLargeError,
+    ServerShuttingDownError,
+)
 from ..generation.answer import Answer, Fold
 from ..generation.completion import chat_completion, generate_completion
 from ..generation.load_lines import LoadAnnouncement, LoadLine, announcing_load
@@ -35,7 +40,7 @@ from ..http.cors import OriginPolicy, cors_answer
 from ..http.drain import Drain
 from ..observability.metrics import CLIENT_CLOSED
 from ..wire import ndjson_line
-from . import blob_upload, native_wire, openai_wire, pipeline, progress
+from . import blob_upload, native_wire, openai_wire, pipeline, progress, responses_wire
 from .errors import response_for
 from .models import ApiContext
 from .native import json_response
@@ -44,6 +49,7 @@ from .openai import openai_error_response
 from .openai_stream import ChatEvents, CompletionEvents
 from .progress import Progress, ProgressLines
 from .requests import MAX_JSON_BODY, decode_json_object
+from .responses_stream import ResponseEvents
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +68,9 @@ class Plan:
     render: Callable[[Answer], dict[str, Any]] | None = None  # the folded answer's object
     announce: LoadAnnouncement | None = None  # native streams: progress lines while loading
     progress: Progress | None = None  # pull, create: their progress events
+    # Awaited with the folded answer once the generation is over, before the last bytes
+    # are written (/v1/responses stores its response there).
+    finish: Callable[[Answer], Awaitable[None]] | None = None
 
 
 class LastWords(Protocol):
@@ -91,6 +100,7 @@ class GenerationRoutes:
             "/api/chat": (self._chat, False),
             "/v1/completions": (self._completions, True),
             "/v1/chat/completions": (self._chat_completions, True),
+            "/v1/responses": (self._responses, True),
             "/api/pull": (self._pull, False),
             "/api/create": (self._create, False),
         }
@@ -192,6 +202,31 @@ class GenerationRoutes:
             encoder=ChatEvents(model, call.include_usage),
             render=lambda answer: openai_wire.chat_completion(model, answer),
         )  # fmt: skip
+
+    async def _responses(self, body: dict[str, Any], started: float) -> Plan:
+        call = responses_wire.responses_call(body)
+        store = self.ctx.responses
+        history: list[dict[str, Any]] = []
+        if call.previous_response_id:
+            if store is None:
+                raise InvalidRequestError("previous_response_id needs a response store")
+            previous = await trio.to_thread.run_sync(store.get, call.previous_response_id)
+            history = previous.history()
+        req = responses_wire.chat_request(call, history)
+        draft = responses_wire.Draft(call)
+        plan = await self._plan(
+            req, started, native=False, encoder=ResponseEvents(draft),
+            render=lambda answer: responses_wire.response_object(draft, answer),
+        )  # fmt: skip
+        if call.store and store is not None:
+            conversation = [*history, *call.input]
+
+            async def keep(answer: Answer) -> None:
+                response = responses_wire.response_object(draft, answer)
+                await trio.to_thread.run_sync(store.put, response, call.input, conversation)
+
+            plan.finish = keep
+        return plan
 
     async def _pull(self, body: dict[str, Any], started: float) -> Plan:
         return Plan(progress=progress.pull(self.ctx, self._nursery, body))
@@ -377,11 +412,14 @@ class _Exchange:
             generation = announcing_load(self.nursery, plan.announce, generation, self.body)
         async with generation as gen:
             self.generation = gen
+            fold = Fold()
             if plan.render is not None:
-                fold = Fold()
                 while batch := await gen.next_batch():
                     fold.add(batch)
-                await self.respond(json_response(plan.render(fold.answer(gen))))
+                answer = fold.answer(gen)
+                if plan.finish is not None:
+                    await plan.finish(answer)
+                await self.respond(json_response(plan.render(answer)))
                 return
             encoder = plan.encoder
             assert encoder is not None
@@ -392,7 +430,11 @@ class _Exchange:
                 await self.start(200, encoder.content_type, extra)
             while True:  # one write per wake-up; the last one ends the response
                 data = encoder.encode(batch, gen)
+                if plan.finish is not None:
+                    fold.add(batch)
                 if gen.final is not None:
+                    if plan.finish is not None:
+                        await plan.finish(fold.answer(gen))
                     await self.body(data + encoder.end(), more=False)
                     return
                 if data:

@@ -1,0 +1,163 @@
+"""The OpenAI Responses dialect's stream encoder: ``/v1/responses`` server-sent events
+(``event:`` and ``data:`` lines), one piece of bytes per engine wake-up.
+
+The order is the one the ``openai`` SDK's stream helper follows: ``response.created`` and
+``response.in_progress``; for thinking a ``reasoning`` item with its summary text deltas;
+for text a ``message`` item, its ``output_text`` part and its deltas; each item closed with
+its ``.done`` events before the next opens; function calls as whole items at the end
+(llama.cpp parses them when the answer is complete); then ``response.completed`` (or
+``response.incomplete``) with the same object ``"stream": false`` answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..generation.answer import Answer, Fold
+from ..generation.relay import Generation
+from ..types import Chunk
+from ..wire import SSE, json_bytes
+from . import openai_wire
+from . import responses_wire as wire
+
+
+class ResponseEvents:
+    """One streamed response; ``on_answer`` sees the folded answer when it is done."""
+
+    content_type = SSE
+
+    def __init__(self, draft: wire.Draft) -> None:
+        self.draft = draft
+        self._sequence = 0
+        self._started = False
+        self._items = 0  # output items opened so far
+        self._reasoning: int | None = None  # the open reasoning item's output index
+        self._message: int | None = None  # the open message item's output index
+        self._message_done = False
+        self._text: list[str] = []
+        self._thinking: list[str] = []
+        self._fold = Fold()
+        self.answer: Answer | None = None  # once the done chunk was encoded
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        data = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return b"event: " + kind.encode() + b"\ndata: " + json_bytes(data) + b"\n\n"
+
+    def encode(self, batch: list[Chunk], gen: Generation) -> bytes:
+        self._fold.add(batch)
+        out = bytearray()
+        if not self._started:
+            self._started = True
+            response = self.draft.envelope("in_progress", [])
+            out += self._event("response.created", response=response)
+            out += self._event("response.in_progress", response=response)
+        for chunk in batch:
+            if chunk.thinking and self._message is None and not self._message_done:
+                out += self._think(chunk.thinking)
+            if chunk.content:
+                out += self._write(chunk.content)
+            if chunk.done:
+                out += self._finish(gen)
+        return bytes(out)
+
+    def _think(self, text: str) -> bytes:
+        out = b""
+        if self._reasoning is None:
+            self._reasoning = self._open()
+            item = {**wire.reasoning_item(self.draft, ""), "summary": []}
+            out += self._event("response.output_item.added", output_index=self._reasoning,
+                               item=item)  # fmt: skip
+            out += self._event(
+                "response.reasoning_summary_part.added", item_id=item["id"],
+                output_index=self._reasoning, summary_index=0,
+                part={"type": "summary_text", "text": ""},
+            )  # fmt: skip
+        self._thinking.append(text)
+        return out + self._event(
+            "response.reasoning_summary_text.delta", item_id=self.draft.item_id("rs"),
+            output_index=self._reasoning, summary_index=0, delta=text,
+        )  # fmt: skip
+
+    def _close_reasoning(self) -> bytes:
+        if self._reasoning is None:
+            return b""
+        index, self._reasoning = self._reasoning, None
+        text = "".join(self._thinking)
+        item = wire.reasoning_item(self.draft, text)
+        part = {"type": "summary_text", "text": text}
+        return (
+            self._event("response.reasoning_summary_text.done", item_id=item["id"],
+                        output_index=index, summary_index=0, text=text)
+            + self._event("response.reasoning_summary_part.done", item_id=item["id"],
+                          output_index=index, summary_index=0, part=part)
+            + self._event("response.output_item.done", output_index=index, item=item)
+        )  # fmt: skip
+
+    def _write(self, text: str) -> bytes:
+        out = b""
+        if self._message is None:
+            out += self._close_reasoning()
+            self._message = self._open()
+            item = wire.message_item(self.draft, "", status="in_progress")
+            out += self._event("response.output_item.added", output_index=self._message,
+                               item=item)  # fmt: skip
+            out += self._event(
+                "response.content_part.added", item_id=item["id"], output_index=self._message,
+                content_index=0, part=wire.output_text(""),
+            )  # fmt: skip
+        self._text.append(text)
+        return out + self._event(
+            "response.output_text.delta", item_id=self.draft.item_id("msg"),
+            output_index=self._message, content_index=0, delta=text, logprobs=[],
+        )  # fmt: skip
+
+    def _close_message(self) -> bytes:
+        if self._message is None:
+            return b""
+        index, self._message = self._message, None
+        self._message_done = True
+        text = "".join(self._text)
+        item = wire.message_item(self.draft, text)
+        return (
+            self._event("response.output_text.done", item_id=item["id"], output_index=index,
+                        content_index=0, text=text, logprobs=[])
+            + self._event("response.content_part.done", item_id=item["id"],
+                          output_index=index, content_index=0, part=wire.output_text(text))
+            + self._event("response.output_item.done", output_index=index, item=item)
+        )  # fmt: skip
+
+    def _open(self) -> int:
+        self._items += 1
+        return self._items - 1
+
+    def _finish(self, gen: Generation) -> bytes:
+        answer = self._fold.answer(gen)
+        self.answer = answer
+        out = self._close_reasoning()
+        if self._message is None and not self._message_done and not answer.tool_calls:
+            out += self._write("")  # an empty answer is still one (empty) message
+        out += self._close_message()
+        for n, call in enumerate(answer.tool_calls):
+            index = self._open()
+            item = wire.function_call_item(self.draft, call, n)
+            added = wire.function_call_item(self.draft, call, n, status="in_progress")
+            out += self._event("response.output_item.added", output_index=index, item=added)
+            out += self._event(
+                "response.function_call_arguments.delta", item_id=item["id"],
+                output_index=index, delta=item["arguments"],
+            )  # fmt: skip
+            out += self._event(
+                "response.function_call_arguments.done", item_id=item["id"],
+                output_index=index, arguments=item["arguments"],
+            )  # fmt: skip
+            out += self._event("response.output_item.done", output_index=index, item=item)
+        response = wire.response_object(self.draft, answer)
+        return out + self._event(f"response.{response['status']}", response=response)
+
+    def error(self, message: str, status: int) -> bytes:
+        error = openai_wire.error_object(message, status)["error"]
+        return self._event("error", code=error["type"], message=message, param=None)
+
+    def end(self) -> bytes:
+        return b""

@@ -1,0 +1,270 @@
+"""``/v1/responses`` on real hypercorn with the official ``openai`` SDK: one-piece and
+streamed responses, tool calls, and the stored side (retrieve, delete, input items,
+``previous_response_id``, a restart).  Translation is checked at the engine seam with an
+engine factory that records every :class:`CompletionRequest` and answers a tool offer with
+a call (which the simulated engine cannot do)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import trio
+
+from ollamatrio.engines.simulated import (
+    SimulatedBehaviour,
+    SimulatedEngine,
+    SimulatedEngineFactory,
+)
+from ollamatrio.generation.requests import Message, ToolCall
+from ollamatrio.testing.tiny_gguf import CHATML
+from ollamatrio.types import Chunk, CompletionRequest, LoadSpec
+
+TOOLS_TEMPLATE = CHATML + "{% if tools %}{{ tools }}{% endif %}{% if enable_thinking %}{% endif %}"
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+FAST = SimulatedBehaviour(load_seconds=0.01, tokens_per_second=2000)
+
+pytestmark = [
+    pytest.mark.filterwarnings(f"ignore:Async generator '{module}\\.:ResourceWarning")
+    for module in ("openai", "httpx2", "httpcore2")
+]
+
+
+@asynccontextmanager
+async def sdk(url: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="ollama", max_retries=0) as c:
+        yield c
+
+
+class ScriptedEngine:
+    """A simulated engine that records requests and answers a tool offer with a call."""
+
+    def __init__(self, inner: SimulatedEngine, seen: list[CompletionRequest]) -> None:
+        self._inner = inner
+        self._seen = seen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    @asynccontextmanager
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
+        self._seen.append(request)
+        if not request.tools:
+            async with self._inner.complete(request) as chunks:
+                yield chunks
+            return
+        yield self._tool_call(request.tools[0]["function"]["name"])
+
+    @staticmethod
+    async def _tool_call(name: str) -> AsyncIterator[Chunk]:
+        yield Chunk(thinking="the user wants the weather")
+        yield Chunk(tool_calls=[ToolCall(name, {"city": "Paris"})])
+        yield Chunk(done=True, done_reason="stop", prompt_eval_count=7, eval_count=5)
+
+
+class ScriptedEngines:
+    def __init__(self) -> None:
+        self.inner = SimulatedEngineFactory(None, default=FAST)
+        self.requests: list[CompletionRequest] = []
+
+    @asynccontextmanager
+    async def open(self, spec: LoadSpec, **_: Any) -> AsyncIterator[ScriptedEngine]:
+        async with self.inner.open(spec) as engine:
+            yield ScriptedEngine(engine, self.requests)
+
+
+async def test_create_retrieve_delete(api_server) -> None:
+    with trio.fail_after(20):
+        async with api_server() as srv, sdk(srv.url) as c:
+            resp = await c.responses.create(
+                model="tiny", input="why is the sky blue?", instructions="be brief"
+            )
+            assert resp.id.startswith("resp_")
+            assert resp.object == "response"
+            assert resp.status == "completed"
+            assert resp.model == "tiny"
+            assert resp.instructions == "be brief"
+            (item,) = resp.output
+            assert item.type == "message"
+            assert item.role == "assistant"
+            assert resp.output_text
+            assert resp.usage is not None
+            assert resp.usage.input_tokens > 0
+            assert resp.usage.output_tokens > 0
+            assert resp.usage.total_tokens == resp.usage.input_tokens + resp.usage.output_tokens
+
+            again = await c.responses.retrieve(resp.id)
+            assert again.model_dump() == resp.model_dump()
+            items = await c.responses.input_items.list(resp.id)
+            (given,) = items.data
+            assert given.type == "message"
+            assert given.role == "user"
+            assert given.id.startswith("msg_")
+
+            await c.responses.delete(resp.id)
+            with pytest.raises(openai.NotFoundError) as missing:
+                await c.responses.retrieve(resp.id)
+            assert missing.value.status_code == 404
+            assert missing.value.body["message"] == f"Response with id '{resp.id}' not found."
+            with pytest.raises(openai.NotFoundError):
+                await c.responses.delete(resp.id)
+
+
+async def test_store_false_keeps_nothing(api_server) -> None:
+    with trio.fail_after(20):
+        async with api_server() as srv, sdk(srv.url) as c:
+            resp = await c.responses.create(model="tiny", input="hello", store=False)
+            assert resp.store is False
+            with pytest.raises(openai.NotFoundError):
+                await c.responses.retrieve(resp.id)
+
+
+async def test_max_output_tokens_is_incomplete(api_server) -> None:
+    with trio.fail_after(20):
+        async with api_server() as srv, sdk(srv.url) as c:
+            resp = await c.responses.create(model="tiny", input="hello", max_output_tokens=2)
+            assert resp.status == "incomplete"
+            assert resp.incomplete_details is not None
+            assert resp.incomplete_details.reason == "max_output_tokens"
+            assert resp.usage is not None
+            assert resp.usage.output_tokens == 2
+
+
+async def test_stream_events_and_the_stored_object(api_server) -> None:
+    with trio.fail_after(20):
+        async with api_server() as srv, sdk(srv.url) as c:
+            events = [e async for e in await c.responses.create(
+                model="tiny", input="hello", stream=True)]  # fmt: skip
+            kinds = [e.type for e in events]
+            assert kinds[:5] == [
+                "response.created", "response.in_progress", "response.output_item.added",
+                "response.content_part.added", "response.output_text.delta",
+            ]  # fmt: skip
+            assert kinds[-4:] == [
+                "response.output_text.done", "response.content_part.done",
+                "response.output_item.done", "response.completed",
+            ]  # fmt: skip
+            assert [e.sequence_number for e in events] == list(range(len(events)))
+            text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+            final = events[-1].response
+            assert final.output_text == text
+            stored = await c.responses.retrieve(final.id)
+            assert stored.model_dump() == final.model_dump()
+
+            # The SDK's own accumulator.
+            async with c.responses.stream(model="tiny", input="hello") as stream:
+                done = await stream.get_final_response()
+            assert done.status == "completed"
+            assert done.output_text
+
+
+async def test_tool_calls_and_their_history(api_server, tiny_gguf) -> None:
+    engines = ScriptedEngines()
+    model = tiny_gguf(chat_template=TOOLS_TEMPLATE)
+    with trio.fail_after(20):
+        async with api_server(engines=engines, models={"helper": model}) as srv:
+            async with sdk(srv.url) as c:
+                resp = await c.responses.create(
+                    model="helper", input="weather in Paris?", tools=[WEATHER],
+                    reasoning={"effort": "low"},
+                )  # fmt: skip
+                reasoning, call = resp.output
+                assert reasoning.type == "reasoning"
+                assert reasoning.summary[0].text == "the user wants the weather"
+                assert call.type == "function_call"
+                assert call.name == "get_weather"
+                assert json.loads(call.arguments) == {"city": "Paris"}
+                assert call.call_id
+                first = engines.requests[-1]
+                assert first.tools == [
+                    {"type": "function", "function": {
+                        "name": "get_weather", "description": "Weather in a city",
+                        "parameters": WEATHER["parameters"]}},
+                ]  # fmt: skip
+                assert first.think == "low"
+
+                # The stream's final object is the stored one.
+                async with c.responses.stream(
+                    model="helper", input="weather in Paris?", tools=[WEATHER]
+                ) as stream:
+                    streamed = await stream.get_final_response()
+                assert [i.type for i in streamed.output] == ["reasoning", "function_call"]
+                stored = await c.responses.retrieve(streamed.id)
+                # (The helper's parsed items add parsed_arguments; the rest is the same.)
+                assert [i.model_dump(exclude={"parsed_arguments"}) for i in streamed.output] == [
+                    i.model_dump() for i in stored.output
+                ]
+
+                # The call's output continues the stored conversation, without tools now.
+                await c.responses.create(
+                    model="helper", previous_response_id=resp.id,
+                    input=[{"type": "function_call_output", "call_id": call.call_id,
+                            "output": "sunny"}],
+                )  # fmt: skip
+    assert list(engines.requests[-1].messages or ()) == [
+        Message(role="user", content="weather in Paris?"),
+        Message(
+            role="assistant", thinking="the user wants the weather",
+            tool_calls=(ToolCall("get_weather", {"city": "Paris"}, id=call.call_id),),
+        ),
+        Message(role="tool", content="sunny", tool_name="get_weather", tool_call_id=call.call_id),
+    ]  # fmt: skip
+
+
+async def test_a_conversation_survives_a_restart(api_server) -> None:
+    engines = ScriptedEngines()
+    with trio.fail_after(30):
+        async with api_server(engines=engines) as srv, sdk(srv.url) as c:
+            first = await c.responses.create(model="tiny", input="my name is Ada")
+        async with api_server(engines=engines) as srv, sdk(srv.url) as c:
+            assert (await c.responses.retrieve(first.id)).output_text == first.output_text
+            second = await c.responses.create(
+                model="tiny", previous_response_id=first.id, input="what is my name?",
+                instructions="answer briefly",
+            )  # fmt: skip
+            assert second.previous_response_id == first.id
+            third = await c.responses.create(
+                model="tiny", previous_response_id=second.id, input="and again?"
+            )
+            assert third.status == "completed"
+    # The whole history, as /api/chat would be given it; instructions are not carried on.
+    assert list(engines.requests[-2].messages or ()) == [
+        Message(role="system", content="answer briefly"),
+        Message(role="user", content="my name is Ada"),
+        Message(role="assistant", content=first.output_text),
+        Message(role="user", content="what is my name?"),
+    ]
+    assert list(engines.requests[-1].messages or ()) == [
+        Message(role="user", content="my name is Ada"),
+        Message(role="assistant", content=first.output_text),
+        Message(role="user", content="what is my name?"),
+        Message(role="assistant", content=second.output_text),
+        Message(role="user", content="and again?"),
+    ]
+
+
+async def test_errors_in_openai_shape(api_server) -> None:
+    with trio.fail_after(20):
+        async with api_server() as srv, sdk(srv.url) as c:
+            with pytest.raises(openai.NotFoundError) as missing:
+                await c.responses.create(model="tiny", input="hi", previous_response_id="resp_nope")
+            assert missing.value.body["message"] == "Response with id 'resp_nope' not found."
+            with pytest.raises(openai.NotFoundError):
+                await c.responses.create(model="nope", input="hi")
+            with pytest.raises(openai.BadRequestError) as bad:
+                await c.responses.create(model="tiny", input=[{"type": "computer_call"}])
+            assert "computer_call" in bad.value.body["message"]
+            async with httpx.AsyncClient(base_url=srv.url) as raw:
+                answer = await raw.get("/v1/responses/resp_nope/input_items")
+            assert answer.status_code == 404
+            assert answer.json()["error"]["message"] == "Response with id 'resp_nope' not found."
