@@ -5,6 +5,7 @@ the seam for what the model is given, and SmolLM2 in a real runner."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,6 +32,7 @@ WEATHER = {
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
 HI = [{"role": "user", "content": "hi there"}]
+PNG = base64.b64encode(bytes.fromhex("89504e470d0a1a0a")).decode()
 
 # The SDK may stop reading a stream without closing its inner async generators; under Trio
 # their finalizer warns (as the OpenAI tests allow for the same reason).
@@ -222,6 +224,53 @@ async def test_claude_code_request_with_beta_query(api_server) -> None:
         ({"model": "tiny", "messages": HI}, 400, "invalid_request_error"),
         ({"model": "nope", "max_tokens": 8, "messages": HI}, 404, "not_found_error"),
         ({"model": "tiny-embed", "max_tokens": 8, "messages": HI}, 400, "invalid_request_error"),
+        # An image for a model without a projector; a broken image.
+        (
+            {
+                "model": "tiny",
+                "max_tokens": 8,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {
+                                    "type": "base64",
+                                    "media_type": "image/png",
+                                    "data": PNG,
+                                },
+                            }
+                        ],
+                    }
+                ],
+            },
+            400,
+            "invalid_request_error",
+        ),
+        (
+            {
+                "model": "tiny",
+                "max_tokens": 8,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {
+                                    "type": "base64",
+                                    "media_type": "image/png",
+                                    "data": "%%%",
+                                },
+                            }
+                        ],
+                    }
+                ],
+            },
+            400,
+            "invalid_request_error",
+        ),
     ],
 )
 async def test_errors_in_anthropic_shape(
@@ -238,6 +287,10 @@ async def test_errors_in_anthropic_shape(
                 assert error["type"] == "error"
                 assert error["error"]["type"] == kind
                 assert error["error"]["message"]
+                if "%%%" in json.dumps(body):
+                    assert "invalid base64 image data" in error["error"]["message"]
+                elif "image" in json.dumps(body):
+                    assert "vision" in error["error"]["message"]
 
 
 async def test_bad_json_and_sdk_errors(api_server) -> None:
