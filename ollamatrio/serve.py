@@ -233,15 +233,16 @@ async def _serve_until_signal(
         # kernel's listening socket open after the server closes its copy at shutdown: new
         # connections would be accepted into the backlog and never answered, not refused.
         listener.close()
-        log.info("Listening on %s (version %s)", ", ".join(binds), _version())
+        log.info("Listening on %s (version %s, Ollama API %s)", ", ".join(binds), *_versions())
         await stop.wait()
         # serve() returns once drained; the signal task has already finished.
 
 
-def _version() -> str:
-    from ._version import __version__
+def _versions() -> tuple[str, str]:
+    """The project's own version and the Ollama API version it implements."""
+    from ._version import OLLAMA_API_VERSION, __version__
 
-    return __version__
+    return __version__, OLLAMA_API_VERSION
 
 
 def run_server(settings: Settings | None = None) -> None:

@@ -18,6 +18,7 @@ import pytest
 import trio
 from helpers.read_only import read_only
 
+from ollamatrio._version import OLLAMA_API_VERSION, __version__
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
@@ -129,6 +130,13 @@ async def test_run_server_stops_on_signal(tmp_path: Path, signum: signal.Signals
                 chunk = await proc.stderr.receive_some()
                 assert chunk, output.decode()
                 output += chunk
+            while b"\n" not in output[match.end() :]:
+                chunk = await proc.stderr.receive_some()
+                assert chunk, output.decode()
+                output += chunk
+            # Both versions in the log line: ours and the Ollama API's it implements.
+            line = output[match.start() :].split(b"\n")[0].decode()
+            assert f"(version {__version__}, Ollama API {OLLAMA_API_VERSION})" in line
             async with httpx.AsyncClient(base_url=match.group(1).decode()) as c:
                 assert (await c.get("/api/version")).status_code == 200
             proc.send_signal(signum)

@@ -16,6 +16,7 @@ import pytest
 import trio
 from helpers.recording import RecordingEngines
 
+from ollamatrio._version import OLLAMA_API_VERSION, __version__
 from ollamatrio.api.requests import MAX_JSON_BODY
 from ollamatrio.config import parse_origins
 from ollamatrio.engines.simulated import SimulatedBehaviour
@@ -376,7 +377,11 @@ async def test_root_and_version(api_server) -> None:
             assert (r.status_code, r.text) == (200, "Ollama is running")
             assert (await c.head("/")).status_code == 200
             assert (await c.head("/api/version")).status_code == 200
-            assert set((await c.get("/api/version")).json()) == {"version"}
+            # The Ollama API version clients gate on (Codex needs >= 0.13.4), ours beside it.
+            assert (await c.get("/api/version")).json() == {
+                "version": OLLAMA_API_VERSION,
+                "ollamatrio": __version__,
+            }
 
 
 # -- Host and CORS guards -----------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 import trio
 from quart import Quart, Response, request
 
-from .._version import __version__
+from .._version import OLLAMA_API_VERSION, __version__
 from ..errors import InvalidRequestError, ModelNotFoundError
 from ..store import parse_digest
 from ..wire import json_bytes, rfc3339, rfc3339_from_timestamp
@@ -67,7 +67,9 @@ class OllamaApi:
         return Response("Ollama is running", content_type="text/plain; charset=utf-8")
 
     async def version(self) -> Response:
-        return json_response({"version": __version__})
+        """The Ollama API version this server implements (what clients compare), and the
+        project's own version beside it."""
+        return json_response({"version": OLLAMA_API_VERSION, "ollamatrio": __version__})
 
     # -- embeddings -------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import trio
 
 from ..errors import QueueFullError
+from ..generation.completion import chat_completion
 from ..generation.images import check_images
 from ..generation.requests import ChatRequest, EmbedRequest, GenerateRequest
 from ..gguf import GGUFInfo
@@ -73,6 +74,18 @@ async def prepare(ctx: ApiContext, req: GenerateRequest | ChatRequest) -> Prepar
     options = merge_options(model.params, req.options)
     model_request = ctx.model_request(model, options, req.keep_alive, caps, shift=req.shift)
     return Prepared(model_request, model, info)
+
+
+async def count_tokens(ctx: ApiContext, req: ChatRequest) -> int:
+    """The tokens ``req``'s conversation would give its model, counted by the loaded model's
+    own template and tokenizer (the measure truncation uses); loads the model if needed."""
+    prepared = await prepare(ctx, req)
+    assert prepared is not None  # a conversation is never an unload request
+    completion = chat_completion(req, prepared.model, prepared.info, prepared.model_request.options)
+    async with ctx.scheduler.lease(prepared.model_request) as lease:
+        if ctx.metrics is not None:
+            ctx.metrics.lease_taken(lease)
+        return await lease.engine.count_tokens(completion)
 
 
 @dataclass(frozen=True)

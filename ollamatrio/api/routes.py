@@ -40,7 +40,18 @@ from ..http.cors import OriginPolicy, cors_answer
 from ..http.drain import Drain
 from ..observability.metrics import CLIENT_CLOSED
 from ..wire import ndjson_line
-from . import blob_upload, native_wire, openai_wire, pipeline, progress, responses_wire
+from . import (
+    anthropic_wire,
+    blob_upload,
+    native_wire,
+    openai_wire,
+    pipeline,
+    progress,
+    responses_wire,
+)
+from .anthropic import PATHS as ANTHROPIC_PATHS
+from .anthropic import anthropic_error_response
+from .anthropic_stream import MessageEvents
 from .errors import response_for
 from .models import ApiContext
 from .native import json_response
@@ -101,6 +112,8 @@ class GenerationRoutes:
             "/v1/completions": (self._completions, True),
             "/v1/chat/completions": (self._chat_completions, True),
             "/v1/responses": (self._responses, True),
+            "/v1/messages": (self._messages, True),
+            "/v1/messages/count_tokens": (self._count_tokens, True),
             "/api/pull": (self._pull, False),
             "/api/create": (self._create, False),
         }
@@ -228,6 +241,20 @@ class GenerationRoutes:
             plan.finish = keep
         return plan
 
+    async def _messages(self, body: dict[str, Any], started: float) -> Plan:
+        call = anthropic_wire.messages_request(body)
+        model = call.core.model
+        encoder = MessageEvents(model)
+        return await self._plan(
+            call.core, started, native=False, encoder=encoder,
+            render=lambda answer: anthropic_wire.message_object(model, answer, encoder.id),
+        )  # fmt: skip
+
+    async def _count_tokens(self, body: dict[str, Any], started: float) -> Plan:
+        req = anthropic_wire.count_tokens_request(body)
+        tokens = await pipeline.count_tokens(self.ctx, req)
+        return Plan(response=json_response({"input_tokens": tokens}))
+
     async def _pull(self, body: dict[str, Any], started: float) -> Plan:
         return Plan(progress=progress.pull(self.ctx, self._nursery, body))
 
@@ -284,7 +311,12 @@ class _Exchange:
         await self.body(body, more=False)
 
     async def error(self, exc: BaseException) -> None:
-        response = openai_error_response(exc) if self.openai else response_for(exc)
+        if self.scope["path"] in ANTHROPIC_PATHS:
+            response = anthropic_error_response(exc)
+        elif self.openai:
+            response = openai_error_response(exc)
+        else:
+            response = response_for(exc)
         await self.respond(response)
 
     # -- the exchange -------------------------------------------------------------------

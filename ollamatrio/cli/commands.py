@@ -326,7 +326,9 @@ def version(client: Client, out: TextIO = sys.stdout) -> None:
     """Server and client versions, like ``ollama --version``."""
     server = ""
     try:
-        server = str((client.json("GET", "/api/version") or {}).get("version") or "")
+        answer = client.json("GET", "/api/version") or {}
+        # The project's own version; "version" is the Ollama API version it implements.
+        server = str(answer.get("ollamatrio") or answer.get("version") or "")
     except CLIError:
         out.write("Warning: could not connect to a running ollamatrio instance\n")
     if server:

@@ -287,6 +287,11 @@ class RunnerClient:
         body = {"content": text, "add_special": False, "parse_special": True}
         return [int(t) for t in (await self._post_json("/tokenize", body))["tokens"]]
 
+    async def count_tokens(self, request: CompletionRequest) -> int:
+        """``request``'s prompt in tokens: rendered and tokenized as truncation measures it."""
+        prompt = request.prompt if request.prompt is not None else await self._render(request)
+        return len(await self.tokenize_prompt(prompt))
+
     async def tokenize_prompt(self, text: str) -> list[int]:
         """``text`` as llama.cpp tokenizes a prompt: special tokens parsed, BOS added."""
         body = {"content": text, "add_special": True, "parse_special": True}

@@ -154,9 +154,8 @@ class SimulatedEngine:
 
     async def _stream(self, request: CompletionRequest) -> AsyncGenerator[Chunk, None]:
         b = self._behaviour
-        messages = request.messages or ()
-        prompt = request.prompt or " ".join(m.content for m in messages)
-        n_prompt = max(1, len(prompt.split()))
+        prompt = _prompt(request)
+        n_prompt = _prompt_tokens(prompt)
         await trio.sleep(n_prompt / b.prompt_tokens_per_second)
         self.prompt_tokens += n_prompt
         limit = int(request.options.get("num_predict", -1) or -1)
@@ -200,6 +199,10 @@ class SimulatedEngine:
         n = sum(max(1, len(t.split())) for t in inputs)
         await trio.sleep(n / self._behaviour.prompt_tokens_per_second)
         return Embeddings(vectors=vectors, prompt_eval_count=n)
+
+    async def count_tokens(self, request: CompletionRequest) -> int:
+        self._check_alive()
+        return _prompt_tokens(_prompt(request))
 
     async def tokenize(self, text: str) -> list[int]:
         self._check_alive()
@@ -319,6 +322,16 @@ class SimulatedEngineFactory:
                 del self.engines[spec.name]
             if self._devices is not None:
                 self._devices.release(owner)
+
+
+def _prompt(request: CompletionRequest) -> str:
+    """What the simulated model reads: the prompt, or the messages' text joined."""
+    return request.prompt or " ".join(m.content for m in request.messages or ())
+
+
+def _prompt_tokens(prompt: str) -> int:
+    """A simulated prompt's tokens: its words, at least one."""
+    return max(1, len(prompt.split()))
 
 
 async def _load(total: int, behaviour: SimulatedBehaviour, progress: LoadProgress | None) -> None:

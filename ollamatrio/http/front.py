@@ -353,7 +353,8 @@ class _Connection:
                 await self.refuse(f"{head.method} {path}", problem)
                 return False
             front = self.front
-            if head.method == "POST" and head.target in front.paths:
+            # The path without its query: Claude Code posts to /v1/messages?beta=true.
+            if head.method == "POST" and head.target.partition(b"?")[0] in front.paths:
                 # A generation or a progress stream: straight to its route, its JSON body
                 # limited before reading.
                 assert front.routes is not None
