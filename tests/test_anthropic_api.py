@@ -9,6 +9,7 @@ import base64
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,12 @@ import anthropic
 import httpx
 import pytest
 import trio
+from helpers.scripted import ScriptedEngines, weather_call
 
 from ollamatrio.engines.process import ProcessEngineFactory
-from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
 from ollamatrio.errors import QueueFullError
 from ollamatrio.generation.requests import Message, ToolCall
 from ollamatrio.testing.tiny_gguf import CHATML
-from ollamatrio.types import Chunk, CompletionRequest, LoadSpec
 
 # A template that advertises tools, so the model gets the capability.
 TOOLS_TEMPLATE = CHATML + "{% if tools %}{{ tools }}{% endif %}"
@@ -46,46 +46,6 @@ pytestmark = [
 async def sdk(url: str) -> AsyncIterator[anthropic.AsyncAnthropic]:
     async with anthropic.AsyncAnthropic(base_url=url, api_key="ollama", max_retries=0) as c:
         yield c
-
-
-class ToolEngine:
-    """A simulated engine that records requests and answers a tool offer with thinking and
-    a call (which the simulated engine cannot do)."""
-
-    def __init__(self, inner: Any, seen: list[CompletionRequest]) -> None:
-        self._inner = inner
-        self._seen = seen
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    @asynccontextmanager
-    async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
-        self._seen.append(request)
-        if not request.tools:
-            async with self._inner.complete(request) as chunks:
-                yield chunks
-            return
-        yield self._call(request.tools[0]["function"]["name"])
-
-    @staticmethod
-    async def _call(name: str) -> AsyncIterator[Chunk]:
-        yield Chunk(thinking="the user wants the weather")
-        yield Chunk(content="Let me look.")
-        yield Chunk(tool_calls=[ToolCall(name, {"city": "Paris"}, "toolu_x")])
-        yield Chunk(done=True, done_reason="stop", prompt_eval_count=7, eval_count=5)
-
-
-class ToolEngines:
-    def __init__(self) -> None:
-        behaviour = SimulatedBehaviour(load_seconds=0.01, tokens_per_second=2000)
-        self.inner = SimulatedEngineFactory(None, default=behaviour)
-        self.requests: list[CompletionRequest] = []
-
-    @asynccontextmanager
-    async def open(self, spec: LoadSpec, **_: Any) -> AsyncIterator[ToolEngine]:
-        async with self.inner.open(spec) as engine:
-            yield ToolEngine(engine, self.requests)
 
 
 async def test_create(api_server) -> None:
@@ -144,7 +104,7 @@ async def test_count_tokens_is_what_a_generation_is_given(api_server) -> None:
 async def test_tool_use_round_trip(api_server, tiny_gguf) -> None:
     """A tool offer answered with thinking, text and a tool_use block (whole and streamed),
     then the tool_result history as the engine is given it."""
-    engines = ToolEngines()
+    engines = ScriptedEngines(partial(weather_call, content="Let me look.", call_id="toolu_x"))
     model = tiny_gguf(chat_template=TOOLS_TEMPLATE)
     with trio.fail_after(20):
         async with api_server(engines=engines, models={"helper": model}) as srv, sdk(srv.url) as c:

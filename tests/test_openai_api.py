@@ -19,17 +19,15 @@ import httpx
 import openai
 import pytest
 import trio
+from helpers.scripted import ScriptedEngines
 
 from ollamatrio.api import openai_wire as wire
 from ollamatrio.engines.simulated import (
     SimulatedBehaviour,
-    SimulatedEngine,
-    SimulatedEngineFactory,
 )
 from ollamatrio.errors import InvalidRequestError, QueueFullError
 from ollamatrio.generation.requests import Message, ToolCall
 from ollamatrio.testing.tiny_gguf import CHATML
-from ollamatrio.types import Chunk, CompletionRequest, LoadSpec
 
 # A template that advertises tools and thinking, so the model gets both capabilities.
 TOOLS_TEMPLATE = CHATML + "{% if tools %}{{ tools }}{% endif %}{% if enable_thinking %}{% endif %}"
@@ -74,49 +72,6 @@ async def eventually(predicate: Callable[[], bool], within: float) -> None:
 
 
 # -- a recording engine at the seam ----------------------------------------------------
-
-
-class ScriptedEngine:
-    """A simulated engine that records requests and answers a tool offer with a call."""
-
-    def __init__(self, inner: SimulatedEngine, seen: list[CompletionRequest]) -> None:
-        self._inner = inner
-        self._seen = seen
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    @asynccontextmanager
-    async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
-        self._seen.append(request)
-        if not request.tools:
-            async with self._inner.complete(request) as chunks:
-                yield chunks
-            return
-        yield self._tool_call(request.tools[0]["function"]["name"])
-
-    @staticmethod
-    async def _tool_call(name: str) -> AsyncIterator[Chunk]:
-        yield Chunk(thinking="the user wants the weather")
-        yield Chunk(tool_calls=[ToolCall(name, {"city": "Paris"})])
-        yield Chunk(done=True, done_reason="stop", prompt_eval_count=7, eval_count=5)
-
-
-class ScriptedEngines:
-    """Opens simulated engines wrapped in :class:`ScriptedEngine`; keeps what they saw."""
-
-    def __init__(self, inner: SimulatedEngineFactory) -> None:
-        self.inner = inner
-        self.requests: list[CompletionRequest] = []
-
-    @asynccontextmanager
-    async def open(self, spec: LoadSpec, **_: Any) -> AsyncIterator[ScriptedEngine]:
-        async with self.inner.open(spec) as engine:
-            yield ScriptedEngine(engine, self.requests)
-
-
-def scripted_engines() -> ScriptedEngines:
-    return ScriptedEngines(SimulatedEngineFactory(None, default=FAST))
 
 
 # -- chat ------------------------------------------------------------------------------
@@ -470,7 +425,7 @@ async def test_client_disconnect_cancels_generation(api_server) -> None:
 
 
 async def test_chat_request_translation(api_server, tiny_gguf) -> None:
-    model, engines = tiny_gguf(chat_template=TOOLS_TEMPLATE), scripted_engines()
+    model, engines = tiny_gguf(chat_template=TOOLS_TEMPLATE), ScriptedEngines()
     with trio.fail_after(20):
         async with api_server(engines=engines, models={"helper": model}) as srv:
             async with httpx.AsyncClient(base_url=srv.url) as c:
@@ -516,7 +471,7 @@ async def test_chat_request_translation(api_server, tiny_gguf) -> None:
 
 
 async def test_completions_request_translation(api_server) -> None:
-    engines = scripted_engines()
+    engines = ScriptedEngines()
     with trio.fail_after(20):
         async with api_server(engines=engines) as srv, sdk(srv.url) as c:
             await c.completions.create(model="tiny", prompt="def f(", suffix="return 1")
@@ -529,7 +484,7 @@ async def test_completions_request_translation(api_server) -> None:
 
 
 async def test_keep_alive_and_options_as_extra_body_fields(api_server) -> None:
-    engines = scripted_engines()
+    engines = ScriptedEngines()
     with trio.fail_after(20):
         async with api_server(engines=engines) as srv, sdk(srv.url) as c:
             await c.chat.completions.create(
@@ -552,7 +507,7 @@ async def test_keep_alive_and_options_as_extra_body_fields(api_server) -> None:
 
 
 async def test_tool_calls(api_server, tiny_gguf) -> None:
-    model, engines = tiny_gguf(chat_template=TOOLS_TEMPLATE), scripted_engines()
+    model, engines = tiny_gguf(chat_template=TOOLS_TEMPLATE), ScriptedEngines()
     with trio.fail_after(20):
         async with api_server(engines=engines, models={"helper": model}) as srv:
             async with sdk(srv.url) as c:

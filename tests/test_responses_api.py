@@ -9,21 +9,18 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import httpx
 import openai
 import pytest
 import trio
+from helpers.scripted import ScriptedEngines
 
 from ollamatrio.engines.simulated import (
     SimulatedBehaviour,
-    SimulatedEngine,
-    SimulatedEngineFactory,
 )
 from ollamatrio.generation.requests import Message, ToolCall
 from ollamatrio.testing.tiny_gguf import CHATML
-from ollamatrio.types import Chunk, CompletionRequest, LoadSpec
 
 TOOLS_TEMPLATE = CHATML + "{% if tools %}{{ tools }}{% endif %}{% if enable_thinking %}{% endif %}"
 WEATHER = {
@@ -44,43 +41,6 @@ pytestmark = [
 async def sdk(url: str) -> AsyncIterator[openai.AsyncOpenAI]:
     async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="ollama", max_retries=0) as c:
         yield c
-
-
-class ScriptedEngine:
-    """A simulated engine that records requests and answers a tool offer with a call."""
-
-    def __init__(self, inner: SimulatedEngine, seen: list[CompletionRequest]) -> None:
-        self._inner = inner
-        self._seen = seen
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    @asynccontextmanager
-    async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
-        self._seen.append(request)
-        if not request.tools:
-            async with self._inner.complete(request) as chunks:
-                yield chunks
-            return
-        yield self._tool_call(request.tools[0]["function"]["name"])
-
-    @staticmethod
-    async def _tool_call(name: str) -> AsyncIterator[Chunk]:
-        yield Chunk(thinking="the user wants the weather")
-        yield Chunk(tool_calls=[ToolCall(name, {"city": "Paris"})])
-        yield Chunk(done=True, done_reason="stop", prompt_eval_count=7, eval_count=5)
-
-
-class ScriptedEngines:
-    def __init__(self) -> None:
-        self.inner = SimulatedEngineFactory(None, default=FAST)
-        self.requests: list[CompletionRequest] = []
-
-    @asynccontextmanager
-    async def open(self, spec: LoadSpec, **_: Any) -> AsyncIterator[ScriptedEngine]:
-        async with self.inner.open(spec) as engine:
-            yield ScriptedEngine(engine, self.requests)
 
 
 async def test_create_retrieve_delete(api_server) -> None:
