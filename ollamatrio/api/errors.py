@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
+from typing import Any
 
 from quart import Response
 from werkzeug.exceptions import HTTPException
@@ -24,6 +26,9 @@ from ..store import os_reason
 from ..wire import json_bytes
 
 log = logging.getLogger(__name__)
+
+# A dialect's error body for (message, status).
+ErrorShape = Callable[[str, int], dict[str, Any]]
 
 # Seconds a client refused with a 503 (a full queue, a server shutting down) is told to
 # wait before trying again (Ollama sends no Retry-After).
@@ -74,20 +79,26 @@ def error_headers(status: int) -> dict[str, str]:
     return {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else {}
 
 
-def error_response(message: str, status: int) -> Response:
+def native_error_object(message: str, status: int) -> dict[str, Any]:
+    """Ollama's error body: ``{"error": message}``."""
+    return {"error": message}
+
+
+def error_response(message: str, status: int, shape: ErrorShape = native_error_object) -> Response:
     return Response(
-        json_bytes({"error": message}),
+        json_bytes(shape(message, status)),
         status=status,
         content_type="application/json",
         headers=error_headers(status),
     )
 
 
-def response_for(exc: BaseException) -> Response:
-    """The error response for ``exc``; unexpected ones (not ours) are logged with a trace."""
+def response_for(exc: BaseException, shape: ErrorShape = native_error_object) -> Response:
+    """The error response for ``exc`` in a dialect's ``shape`` (the status is the same on
+    every route); unexpected ones (not ours) are logged with a trace."""
     status = status_for(exc)
     if status >= 500 and not isinstance(exc, OllamatrioError | HTTPException):
         log.error("unexpected error while handling a request", exc_info=exc)
     elif status >= 500:
         log.warning("request failed: %s", exc)
-    return error_response(message_for(exc), status)
+    return error_response(message_for(exc), status, shape)

@@ -11,41 +11,25 @@ OpenAI objects or server-sent events.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 from quart import Quart, Response, request
-from werkzeug.exceptions import HTTPException
 
-from ..errors import OllamatrioError
-from ..wire import json_bytes
 from . import openai_wire as wire
 from . import pipeline
-from .errors import error_headers, message_for, status_for
+from .errors import response_for
 from .models import ApiContext
 from .native import json_response
 from .requests import read_json
-
-log = logging.getLogger(__name__)
 
 Handler = Callable[..., Awaitable[Response]]
 
 
 def openai_error_response(exc: BaseException) -> Response:
     """The OpenAI-shaped error response for ``exc`` (statuses as on the native routes)."""
-    status = status_for(exc)
-    if status >= 500 and not isinstance(exc, OllamatrioError | HTTPException):
-        log.error("unexpected error while handling a request", exc_info=exc)
-    elif status >= 500:
-        log.warning("request failed: %s", exc)
-    return Response(
-        json_bytes(wire.error_object(message_for(exc), status)),
-        status=status,
-        content_type="application/json",
-        headers=error_headers(status),
-    )
+    return response_for(exc, wire.error_object)
 
 
 def openai_errors(handler: Handler) -> Handler:
