@@ -40,7 +40,6 @@ WEATHER_TOOL = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
     },
 }
-FAST = SimulatedBehaviour(load_seconds=0.01, tokens_per_second=2000)
 
 # The SDK stops reading a stream at [DONE] without closing its inner async generators;
 # under Trio their finalizer warns (as pyproject already allows for httpx's own).

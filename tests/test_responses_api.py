@@ -16,9 +16,6 @@ import pytest
 import trio
 from helpers.scripted import ScriptedEngines
 
-from ollamatrio.engines.simulated import (
-    SimulatedBehaviour,
-)
 from ollamatrio.generation.requests import Message, ToolCall
 from ollamatrio.testing.tiny_gguf import CHATML
 
@@ -29,7 +26,6 @@ WEATHER = {
     "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
-FAST = SimulatedBehaviour(load_seconds=0.01, tokens_per_second=2000)
 
 pytestmark = [
     pytest.mark.filterwarnings(f"ignore:Async generator '{module}\\.:ResourceWarning")

@@ -340,14 +340,7 @@ def tool_calls(calls: Any) -> tuple[ToolCall, ...]:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise InvalidRequestError("invalid tool call: function.name is required")
-        arguments = function.get("arguments") or "{}"
-        if isinstance(arguments, str):
-            try:
-                arguments = loads(arguments)
-            except InvalidRequestError:
-                raise InvalidRequestError("invalid tool call arguments") from None
-        if not isinstance(arguments, dict):
-            raise InvalidRequestError("invalid tool call arguments")
+        arguments = call_arguments(function.get("arguments"), "invalid tool call arguments")
         call_id = call.get("id")
         out.append(
             ToolCall(
@@ -357,6 +350,20 @@ def tool_calls(calls: Any) -> tuple[ToolCall, ...]:
             )
         )
     return tuple(out)
+
+
+def call_arguments(value: Any, error: str) -> dict[str, Any]:
+    """A function call's arguments, an object or OpenAI's JSON string of one; ``error`` (a
+    400) for anything else."""
+    arguments = value or "{}"
+    if isinstance(arguments, str):
+        try:
+            arguments = loads(arguments)
+        except InvalidRequestError:
+            raise InvalidRequestError(error) from None
+    if not isinstance(arguments, dict):
+        raise InvalidRequestError(error)
+    return arguments
 
 
 def _tool_name(messages: Sequence[Any], call_id: Any) -> str:

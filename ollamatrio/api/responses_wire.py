@@ -23,7 +23,7 @@ from ..generation.answer import Answer
 from ..generation.relay import Timings
 from ..generation.requests import ChatRequest, Format, Message, Think, ToolCall
 from . import openai_wire
-from .requests import check_option, get_bool, get_keep_alive, get_model, get_str, loads
+from .requests import check_option, get_bool, get_keep_alive, get_model, get_str
 
 
 @dataclass(frozen=True)
@@ -213,14 +213,7 @@ def function_call(item: Mapping[str, Any]) -> ToolCall:
     name = item.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidRequestError("invalid function_call item: name is required")
-    arguments = item.get("arguments") or "{}"
-    if isinstance(arguments, str):
-        try:
-            arguments = loads(arguments)
-        except InvalidRequestError:
-            raise InvalidRequestError("invalid function_call arguments") from None
-    if not isinstance(arguments, dict):
-        raise InvalidRequestError("invalid function_call arguments")
+    arguments = openai_wire.call_arguments(item.get("arguments"), "invalid function_call arguments")
     call_id = item.get("call_id") or item.get("id") or ""
     return ToolCall(name=name, arguments=arguments, id=str(call_id))
 
