@@ -23,6 +23,10 @@ class ModelNotFoundError(OllamatrioError):
     """No such model in the store, or its file is gone: HTTP 404."""
 
 
+class NoSuchModelError(ModelNotFoundError):
+    """No model of that name in the store at all (not one with a file gone)."""
+
+
 class CapabilityError(InvalidRequestError):
     """The model lacks what the request needs (e.g. embeddings from a chat-only model): 400."""
 

@@ -9,6 +9,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 NDJSON = "application/x-ndjson"
+JSON = "application/json"  # /v1 answers, as Ollama's OpenAI and Anthropic middleware writes them
+# Gin's c.JSON: every native answer in one piece, and the native errors.
+JSON_UTF8 = "application/json; charset=utf-8"
 SSE = "text/event-stream"
 SSE_DONE = b"data: [DONE]\n\n"
 

@@ -20,6 +20,7 @@ from ollamatrio._version import OLLAMA_API_VERSION, __version__
 from ollamatrio.api.requests import MAX_JSON_BODY
 from ollamatrio.config import parse_origins
 from ollamatrio.engines.simulated import SimulatedBehaviour
+from ollamatrio.gguf import ArraySummary, read_gguf
 
 
 def lines_of(response: httpx.Response) -> list[dict[str, Any]]:
@@ -80,7 +81,7 @@ async def test_stream_false_is_one_object(api_server, stream: bool | None) -> No
             if stream is None:
                 assert r.headers["content-type"] == "application/x-ndjson"
                 return
-            assert r.headers["content-type"] == "application/json"
+            assert r.headers["content-type"] == "application/json; charset=utf-8"
             obj = r.json()
             assert obj["done"] is True
             assert obj["message"]["role"] == "assistant"
@@ -113,7 +114,7 @@ async def test_model_is_echoed_as_sent(api_server) -> None:
             "/api/generate",
             b'{"model": "nope", "prompt": "x"}',
             404,
-            'model "nope" not found, try pulling it first',
+            "model 'nope' not found",
         ),
         ("/api/show", b'{"model": "nope"}', 404, "model 'nope' not found"),
         ("/api/delete", b'{"model": "nope"}', 404, "model 'nope' not found"),
@@ -174,8 +175,15 @@ async def test_model_is_echoed_as_sent(api_server) -> None:
         ("/api/embed", b'{"model": "tiny-embed", "input": 3}', 400, "invalid input type"),
         ("/api/create", b'{"model": "new"}', 400, "neither 'from' or 'files' was specified"),
         ("/api/create", b'{"model": "new", "from": "tiny", "quantize": "q4_K_M"}', 400, None),
-        ("/api/copy", b'{"source": "tiny"}', 400, "source and destination are required"),
-        ("/api/nothing", b"{}", 404, "404 page not found"),
+        ("/api/copy", b'{"source": "tiny"}', 400, 'destination "" is invalid'),
+        ("/api/copy", b'{"destination": "x"}', 400, 'source "" is invalid'),
+        ("/api/create", b'{"from": "tiny"}', 400, "invalid model name"),
+        (
+            "/api/generate",
+            b'{"model": "tiny", "prompt": "x", "suffix": "y"}',
+            400,
+            "registry.ollama.ai/library/tiny:latest does not support insert",
+        ),
     ],
     ids=lambda v: v if isinstance(v, int) else None,
 )
@@ -188,7 +196,7 @@ async def test_error_statuses(api_server, path: str, content: bytes, status: int
                 else (await c.request("DELETE", path, content=content))
             )
             assert r.status_code == status, r.text
-            assert r.headers["content-type"] == "application/json"
+            assert r.headers["content-type"] == "application/json; charset=utf-8"
             message = r.json()["error"]
             if error is not None:
                 assert message == error
@@ -287,7 +295,7 @@ async def test_load_then_unload(api_server) -> None:
     with trio.fail_after(20):
         async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as c:
             r = await c.post("/api/generate", json={"model": "tiny"})
-            assert r.headers["content-type"] == "application/json"
+            assert r.headers["content-type"] == "application/json; charset=utf-8"
             obj = r.json()
             assert (obj["done"], obj["done_reason"], obj["response"]) == (True, "load", "")
             assert [i.name for i in srv.scheduler.ps()] == ["tiny:latest"]
@@ -364,10 +372,65 @@ async def test_create_streams_progress(api_server) -> None:
             assert any(s.startswith("using existing layer sha256:") for s in statuses)
             show = (await c.post("/api/show", json={"model": "mine"})).json()
             assert show["system"] == "hello"
-            assert show["model_info"]["tokenizer.ggml.tokens"] == []  # long arrays emptied
-            assert "tensors" not in show
+            # As Ollama: arrays are null unless verbose, tensors always listed.
+            assert show["model_info"]["tokenizer.ggml.tokens"] is None
+            assert len(show["tensors"]) > 0
             verbose = (await c.post("/api/show", json={"model": "mine", "verbose": True})).json()
-            assert len(verbose["tensors"]) > 0
+            assert verbose["tensors"] == show["tensors"]
+
+
+async def test_show_is_shaped_as_ollamas(api_server, tiny_gguf) -> None:
+    """Empty texts left out, the vocabulary in full under verbose, whole floats as integers,
+    the chat template in use (the GGUF's) as ``template`` and in the Modelfile."""
+    with trio.fail_after(20):
+        async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as c:
+            show = (await c.post("/api/show", json={"model": "tiny"})).json()
+            assert not {"license", "system", "parameters"} & set(show)
+            assert "general.name" not in show["model_info"]
+            assert "tokenizer.chat_template" not in show["model_info"]
+            info = read_gguf(tiny_gguf())
+            assert show["template"] == info.chat_template
+            assert "TEMPLATE" in show["modelfile"]
+            verbose = (await c.post("/api/show", json={"model": "tiny", "verbose": True})).json()
+            tokens = verbose["model_info"]["tokenizer.ggml.tokens"]
+            assert isinstance(info.metadata["tokenizer.ggml.tokens"], ArraySummary)
+            assert len(tokens) == len(info.metadata["tokenizer.ggml.tokens"]) > 64
+            assert all(isinstance(t, str) for t in tokens)
+            floats = [v for v in verbose["model_info"].values() if isinstance(v, float)]
+            assert not [v for v in floats if v.is_integer()]
+            whole = [k for k, v in info.metadata.items() if isinstance(v, float) and v.is_integer()]
+            assert whole, "the tiny model has a whole float to check"
+            assert all(type(verbose["model_info"][k]) is int for k in whole)
+
+
+async def test_wrong_method_and_unknown_path_as_gin(api_server) -> None:
+    """405 with Allow (methods in Gin's order) and plain text, streamed routes included;
+    404 in plain text."""
+    with trio.fail_after(20):
+        async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as c:
+            for method, path, allow in [
+                ("GET", "/api/chat", "POST"),
+                ("GET", "/api/generate", "POST"),
+                ("GET", "/v1/chat/completions", "POST"),
+                ("GET", "/api/create", "POST"),
+                ("POST", "/api/tags", "HEAD, GET"),
+                ("POST", "/api/delete", "DELETE"),
+                ("GET", "/api/blobs/sha256:" + "0" * 64, "HEAD, POST"),
+            ]:
+                r = await c.request(method, path)
+                assert (r.status_code, r.text) == (405, "405 method not allowed"), path
+                assert r.headers["allow"] == allow, path
+                assert r.headers["content-type"] == "text/plain"
+            r = await c.get("/api/nothing")
+            assert (r.status_code, r.text) == (404, "404 page not found")
+            assert r.headers["content-type"] == "text/plain"
+            r = await c.options(
+                "/api/chat",
+                headers={"Origin": "http://localhost", "Access-Control-Request-Method": "POST"},
+            )
+            assert r.status_code == 204
+            assert r.headers["allow"] == "POST"
+            assert "content-type" not in r.headers
 
 
 async def test_root_and_version(api_server) -> None:
@@ -607,7 +670,9 @@ async def test_requests_reach_the_engine_as_ollama_builds_them(api_server, tiny_
                 },
             )
             assert r.status_code == 400
-            assert r.json()["error"] == '"tiny" does not support tools'
+            assert (
+                r.json()["error"] == "registry.ollama.ai/library/tiny:latest does not support tools"
+            )
 
 
 @pytest.mark.parametrize("path", ["/api/generate", "/v1/completions"])

@@ -279,7 +279,7 @@ def image_message(url: str) -> list[dict[str, Any]]:
         ("/v1/chat/completions", b"{not json", 400, "invalid JSON"),
         ("/v1/chat/completions", b"", 400, "missing request body"),
         ("/v1/chat/completions", {"model": "nope", "messages": HI}, 404,
-         'model "nope" not found, try pulling it first'),
+         "model 'nope' not found"),
         ("/v1/chat/completions", {"model": "tiny", "messages": []}, 400,
          "[] is too short - 'messages'"),
         ("/v1/chat/completions", {"messages": HI}, 400, "model is required"),
@@ -288,7 +288,7 @@ def image_message(url: str) -> list[dict[str, Any]]:
         ("/v1/chat/completions", {"model": "tiny", "messages": image_message(
             "https://example.com/cat.png")}, 400, "invalid image input"),
         ("/v1/chat/completions", {"model": "tiny", "messages": HI, "tools": [WEATHER_TOOL]},
-         400, '"tiny" does not support tools'),
+         400, "registry.ollama.ai/library/tiny:latest does not support tools"),
         ("/v1/chat/completions", {"model": "tiny", "messages": HI, "reasoning_effort": "high"},
          400, '"tiny" does not support thinking'),
         ("/v1/chat/completions", {"model": "tiny", "messages": HI, "reasoning_effort": "huge"},

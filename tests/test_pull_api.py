@@ -194,5 +194,5 @@ async def test_an_invalid_name_is_a_400_before_the_stream_starts(api_server: Any
             for stream in (True, False):
                 r = await http.post("/api/pull", json={"model": "bad name!", "stream": stream})
                 assert r.status_code == 400
-                assert r.headers["content-type"] == "application/json"
+                assert r.headers["content-type"] == "application/json; charset=utf-8"
                 assert "error" in r.json()

@@ -9,7 +9,7 @@ from typing import Any
 from quart import Response, request
 from quart.ctx import RequestContext
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from ..config import Settings
 from ..errors import ServerShuttingDownError
@@ -25,7 +25,7 @@ from ..scheduler import Scheduler
 from ..store import ModelStore
 from .errors import response_for
 from .models import ApiContext
-from .native import OllamaApi
+from .native import OllamaApi, empty_response
 from .openai import OpenAiApi, openai_error_response
 from .responses import ResponsesApi, prune_forever
 from .routes import GenerationRoutes
@@ -87,6 +87,35 @@ class _LogClientLeft:
                      extra={"client": client})  # fmt: skip
 
 
+# Gin lists a path's methods in the order the server first registered each method.
+_METHOD_ORDER = ("HEAD", "GET", "POST", "DELETE")
+
+
+def allow_header(exc: BaseException | None) -> dict[str, str]:
+    """``Allow`` for a known path asked with another method, as Gin writes it."""
+    if not isinstance(exc, MethodNotAllowed) or not exc.valid_methods:
+        return {}
+    known = set(exc.valid_methods) - {"OPTIONS"}
+    ordered = sorted(known, key=lambda m: (*_METHOD_ORDER, m).index(m))
+    return {"Allow": ", ".join(ordered)}
+
+
+def routing_error(exc: MethodNotAllowed | NotFound) -> Response:
+    """Gin's plain-text answers to an unknown path (404) and a known path asked with
+    another method (405, with ``Allow``), on every route as in Ollama."""
+    text = "405 method not allowed" if isinstance(exc, MethodNotAllowed) else "404 page not found"
+    return Response(
+        text,
+        status=exc.code or 404,
+        content_type="text/plain",
+        headers=allow_header(exc),
+    )
+
+
+async def served_ahead() -> Response:
+    raise RuntimeError(f"{request.method} {request.path} should have been served ahead of Quart")
+
+
 def drain_of(app: QuartTrio) -> Drain:
     """The app's :class:`Drain` (``create_app`` made the app)."""
     assert isinstance(app, _App)
@@ -130,13 +159,17 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
     async def cors_and_host_guard() -> Response | None:
         # CORS first, as Ollama: a disallowed origin gets 403, an allowed preflight 204.
         status = cors().status
-        if status is not None:
-            return Response(b"", status=status)
-        if guard_hosts and not allowed_host(request.headers.get("Host", "")):
-            return Response(b"", status=403)
+        if status is None and guard_hosts and not allowed_host(request.headers.get("Host", "")):
+            status = 403
+        if status is None and request.method == "OPTIONS":
+            status = 204
+        if status is None:
+            return None
+        response = empty_response(status)
         if request.method == "OPTIONS":
-            return Response(b"", status=204)
-        return None
+            # Gin answers a preflight from its method-not-allowed path: Allow comes along.
+            response.headers.update(allow_header(request.routing_exception))
+        return response
 
     @app.after_request
     async def cors_headers(response: Response) -> Response:
@@ -178,12 +211,18 @@ def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> Q
     # Quart types asgi_app with hypercorn's scope and event types; these apps take plain
     # dicts, and mypy refuses assigning to a method at all.
     app.asgi_app = app.stream_routes  # type: ignore[method-assign,assignment]
+    # Quart knows the paths served ahead of it only so that another method on one of them
+    # gets Ollama's 405 with Allow (a POST never reaches this view).
+    for path in [*app.stream_routes.paths, "/api/blobs/<digest>"]:
+        app.add_url_rule(path, f"ahead {path}", served_ahead, methods=["POST"])
     app.asgi_app = EventsRoute(  # type: ignore[method-assign,assignment]
         app.asgi_app, scheduler, drain.stopping, origins, guard_hosts, allowed_host
     )
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
+        if isinstance(exc, MethodNotAllowed | NotFound):
+            return routing_error(exc)
         return response_for(exc)
 
     @app.errorhandler(Exception)

@@ -23,7 +23,7 @@ from ..errors import (
     SchedulerClosedError,
 )
 from ..store import os_reason
-from ..wire import json_bytes
+from ..wire import JSON, JSON_UTF8, json_bytes
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,8 @@ def error_response(message: str, status: int, shape: ErrorShape = native_error_o
     return Response(
         json_bytes(shape(message, status)),
         status=status,
-        content_type="application/json",
+        # Gin's c.JSON on the native routes; /v1 errors as Ollama's middleware writes them.
+        content_type=JSON_UTF8 if shape is native_error_object else JSON,
         headers=error_headers(status),
     )
 

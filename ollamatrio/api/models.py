@@ -17,6 +17,7 @@ from ..errors import (
     GGUFError,
     InvalidRequestError,
     ModelNotFoundError,
+    NoSuchModelError,
     RunnerStartError,
 )
 from ..gguf import ArraySummary, GGUFInfo
@@ -25,13 +26,14 @@ from ..modelfile import Message, Modelfile, render_modelfile, render_parameters
 from ..response_store import ResponseStore
 from ..scheduler import ModelRequest, Scheduler
 from ..store import Model, ModelStore, parse_name
+from ..template.gotemplate import is_go_template
 from ..wire import rfc3339
 
 if TYPE_CHECKING:
     from ..observability.metrics import ServerMetrics
 
-# Ollama empties metadata arrays longer than this in /api/show unless ``verbose``.
-SHOW_ARRAY_LIMIT = 5
+# Keys Ollama leaves out of /api/show's model_info (the chat template is ``template``).
+_NOT_SHOWN = ("general.name", "tokenizer.chat_template")
 
 #: How long a resolved model or the model list is served from memory before the store is
 #: looked at again (for other processes writing it; this process's own writes take effect
@@ -70,7 +72,11 @@ class ApiContext:
         else:
             parse_name(name)  # a bad name is a 400 before any file is touched
             generation = self.store.generation
-            model = await trio.to_thread.run_sync(self.store.resolve, name)
+            try:
+                model = await trio.to_thread.run_sync(self.store.resolve, name)
+            except NoSuchModelError:
+                # Ollama's words on every route that names a model to use.
+                raise ModelNotFoundError(f"model '{name}' not found") from None
             if len(self._models) > 4096:  # names are client input: bound the memory
                 self._models.clear()
             self._models[name] = (trio.current_time(), generation, model)
@@ -173,40 +179,69 @@ def require_loadable(name: str, info: GGUFInfo) -> None:
 
 
 def require(name: str, caps: list[str], cap: str, label: str | None = None) -> None:
-    """400 ``"<model>" does not support <label>`` unless the model has ``cap``."""
+    """400 ``"<model>" does not support <label>`` unless the model has ``cap`` (Ollama's
+    handlers' own checks: generate, chat, thinking)."""
     if cap not in caps:
         raise CapabilityError(f'"{name}" does not support {label or cap}')
+
+
+def require_for_runner(model: Model, caps: list[str], cap: str) -> None:
+    """400 ``<full model name> does not support <cap>``: Ollama's words for what its
+    scheduler checks (tools, insert), which name the model in full."""
+    if cap not in caps:
+        raise CapabilityError(f"{model.name} does not support {cap}")
 
 
 # -- /api/show -------------------------------------------------------------------------
 
 
-def _jsonable(value: Any, verbose: bool) -> Any:
-    if isinstance(value, ArraySummary):
-        return []  # the header reader does not decode long arrays
+def _jsonable(value: Any) -> Any:
+    """A metadata value as Go's encoder writes it: a whole float is an integer
+    (``rope.freq_base`` 10000)."""
     if isinstance(value, list | tuple):
-        if not verbose and len(value) > SHOW_ARRAY_LIMIT:
-            return []
-        return [_jsonable(v, verbose) for v in value]
+        return [_jsonable(v) for v in value]
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     if isinstance(value, enum.Enum):
         return value.value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 
 def model_info(info: GGUFInfo, verbose: bool) -> dict[str, Any]:
-    out = {key: _jsonable(value, verbose) for key, value in info.metadata.items()}
+    """``model_info`` as Ollama shows it: without ``verbose`` every array that has items is
+    ``null`` (Ollama reads the header with no room for arrays); with it, every array in
+    full, vocabularies included (read from the file: call it in a worker thread)."""
+    out: dict[str, Any] = {}
+    for key, value in info.metadata.items():
+        if key in _NOT_SHOWN:
+            continue
+        if isinstance(value, list | tuple | ArraySummary) and len(value):
+            out[key] = _jsonable(info.full_array(key)) if verbose else None
+        else:
+            out[key] = _jsonable(value)
     out["general.parameter_count"] = info.parameter_count
     return dict(sorted(out.items()))
 
 
-def modelfile_of(model: Model) -> str:
+def template_in_use(model: Model, info: GGUFInfo) -> str:
+    """The chat template generation applies (docs/compat.md): a Jinja template layer, else
+    the GGUF's own template (which wins over a Go layer), else a Go layer."""
+    layer = model.template or ""
+    if is_go_template(layer) and info.chat_template:
+        return info.chat_template
+    return layer or info.chat_template or ""
+
+
+def modelfile_of(model: Model, template: str | None = None) -> str:
+    """The model's Modelfile; ``template``: the one in use, when it is not the model's
+    own layer (the GGUF's)."""
     assert model.model_path is not None
     mf = Modelfile(
         models=(str(model.model_path), *(str(p) for p in model.projectors)),
         adapters=tuple(str(p) for p in model.adapters),
-        template=model.template,
+        template=template or model.template,
         system=model.system,
         parameters=dict(model.params),
         licenses=model.license,
@@ -218,26 +253,29 @@ def modelfile_of(model: Model) -> str:
 
 
 async def show(ctx: ApiContext, model: Model, verbose: bool) -> dict[str, Any]:
+    """Ollama's ShowResponse: empty strings are left out (``omitempty``), ``tensors`` always
+    there, ``template`` the one generation applies."""
     assert model.model_path is not None
     info = await ctx.gguf(str(model.model_path))
-    out: dict[str, Any] = {
+    template = template_in_use(model, info)
+    texts = {
         "license": "\n".join(model.license),
-        "modelfile": modelfile_of(model),
+        "modelfile": modelfile_of(model, template),
         "parameters": render_parameters(model.params),
-        "template": model.template or info.chat_template or "",
+        "template": template,
         "system": model.system or "",
-        "details": model.details.to_json(),
-        "model_info": model_info(info, verbose),
-        "capabilities": capabilities(model, info),
-        "modified_at": rfc3339(model.modified_at),
     }
+    out: dict[str, Any] = {key: text for key, text in texts.items() if text}
+    out["details"] = model.details.to_json()
+    out["model_info"] = await trio.to_thread.run_sync(model_info, info, verbose)
     if model.messages:
         out["messages"] = list(model.messages)
     if model.projectors:
         projector = await ctx.gguf(str(model.projectors[0]))
-        out["projector_info"] = model_info(projector, verbose)
-    if verbose:
-        out["tensors"] = [
-            {"name": t.name, "type": t.type.name, "shape": list(t.shape)} for t in info.tensors
-        ]
+        out["projector_info"] = await trio.to_thread.run_sync(model_info, projector, verbose)
+    out["tensors"] = [
+        {"name": t.name, "type": t.type.name, "shape": list(t.shape)} for t in info.tensors
+    ]
+    out["capabilities"] = capabilities(model, info)
+    out["modified_at"] = rfc3339(model.modified_at)
     return out

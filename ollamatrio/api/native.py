@@ -19,20 +19,31 @@ from quart import Quart, Response, request
 from .._version import OLLAMA_API_VERSION, __version__
 from ..errors import InvalidRequestError, ModelNotFoundError
 from ..store import parse_digest
-from ..wire import json_bytes, rfc3339, rfc3339_from_timestamp
+from ..wire import JSON, JSON_UTF8, json_bytes, rfc3339, rfc3339_from_timestamp
 from . import native_wire, pipeline
+from .errors import error_response
 from .models import ApiContext, show
 from .requests import get_bool, get_model, get_str, read_json
 
 log = logging.getLogger(__name__)
 
 
-def json_response(obj: Any, status: int = 200) -> Response:
-    return Response(json_bytes(obj), status=status, content_type="application/json")
+def json_response(obj: Any, status: int = 200, content_type: str = JSON_UTF8) -> Response:
+    """A JSON answer; native ones say their charset, as Gin's ``c.JSON`` (``/v1`` pass
+    :data:`~ollamatrio.wire.JSON`)."""
+    return Response(json_bytes(obj), status=status, content_type=content_type)
+
+
+def v1_json_response(obj: Any, status: int = 200) -> Response:
+    """A ``/v1`` JSON answer (OpenAI, Anthropic): no charset, as Ollama's middleware."""
+    return json_response(obj, status, JSON)
 
 
 def empty_response(status: int = 200) -> Response:
-    return Response(b"", status=status)
+    """No body and, as Ollama's ``c.Status``, no Content-Type (Quart would say text/html)."""
+    response = Response(b"", status=status)
+    del response.headers["Content-Type"]
+    return response
 
 
 # -- handlers --------------------------------------------------------------------------
@@ -142,8 +153,11 @@ class OllamaApi:
     async def copy(self) -> Response:
         body = await read_json(request.body)
         source, destination = get_str(body, "source"), get_str(body, "destination")
-        if not source or not destination:
-            raise InvalidRequestError("source and destination are required")
+        # Ollama's words (CopyHandler): an empty name is an invalid one.
+        if not source:
+            raise InvalidRequestError('source "" is invalid')
+        if not destination:
+            raise InvalidRequestError('destination "" is invalid')
         await trio.to_thread.run_sync(self.ctx.store.copy, source, destination)
         return empty_response()
 
@@ -157,4 +171,5 @@ class OllamaApi:
     async def blob_head(self, digest: str) -> Response:
         digest = parse_digest(digest)
         present = await trio.to_thread.run_sync(self.ctx.store.has_blob, digest)
-        return empty_response(200 if present else 404)
+        # As Ollama: a JSON error (its body dropped, this being HEAD) when it is absent.
+        return empty_response() if present else error_response(f'blob "{digest}" not found', 404)

@@ -14,14 +14,13 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
 from quart import Quart, Response, request
 
 from . import openai_wire as wire
 from . import pipeline
 from .errors import response_for
 from .models import ApiContext
-from .native import json_response
+from .native import v1_json_response
 from .requests import read_json
 
 Handler = Callable[..., Awaitable[Response]]
@@ -68,7 +67,7 @@ class OpenAiApi:
     async def embeddings(self) -> Response:
         req = wire.embedding_request(await read_json(request.body))
         done = await pipeline.embed(self.ctx, req.core)
-        return json_response(
+        return v1_json_response(
             wire.embedding_list(
                 req.core.model, done.vectors, done.prompt_eval_count, req.encoding_format
             )
@@ -79,8 +78,8 @@ class OpenAiApi:
     async def list_models(self) -> Response:
         models = await self.ctx.list_models()
         data = [wire.model_object(m.short_name, m.modified_at, m.name.namespace) for m in models]
-        return json_response({"object": "list", "data": data})
+        return v1_json_response({"object": "list", "data": data})
 
     async def retrieve_model(self, model: str) -> Response:
-        found = await trio.to_thread.run_sync(self.ctx.store.resolve, model)
-        return json_response(wire.model_object(model, found.modified_at, found.name.namespace))
+        found = await self.ctx.resolve(model)
+        return v1_json_response(wire.model_object(model, found.modified_at, found.name.namespace))

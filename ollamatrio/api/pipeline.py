@@ -20,7 +20,7 @@ from ..generation.requests import ChatRequest, EmbedRequest, GenerateRequest
 from ..gguf import GGUFInfo
 from ..scheduler import ModelRequest
 from ..store import Model
-from .models import ApiContext, capabilities, require, require_loadable
+from .models import ApiContext, capabilities, require, require_for_runner, require_loadable
 from .requests import merge_options
 
 
@@ -70,7 +70,9 @@ async def prepare(ctx: ApiContext, req: GenerateRequest | ChatRequest) -> Prepar
     if req.think:
         require(req.model, caps, "thinking")
     if isinstance(req, ChatRequest) and req.tools:
-        require(req.model, caps, "tools")
+        require_for_runner(model, caps, "tools")
+    if isinstance(req, GenerateRequest) and req.suffix:
+        require_for_runner(model, caps, "insert")
     options = merge_options(model.params, req.options)
     model_request = ctx.model_request(model, options, req.keep_alive, caps, shift=req.shift)
     return Prepared(model_request, model, info)

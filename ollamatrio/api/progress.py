@@ -109,7 +109,9 @@ def pull(ctx: ApiContext, nursery: Callable[[], trio.Nursery], body: dict[str, A
 def create(ctx: ApiContext, body: dict[str, Any]) -> Progress:
     """Ollama's CreateHandler: the store validates the request (errors keep their own
     status), then yields progress."""
-    name = get_model(body)
+    name = get_str(body, "model") or get_str(body, "name")
+    if not name:
+        raise InvalidRequestError("invalid model name")  # Ollama's words: no name is no valid name
     stream = get_stream(body)
     files, adapters, parameters = (body.get(k) for k in ("files", "adapters", "parameters"))
     for key, value in (("files", files), ("adapters", adapters), ("parameters", parameters)):

@@ -13,7 +13,7 @@ from quart import Quart, Response, request
 from ..errors import InvalidRequestError, ResponseNotFoundError
 from ..response_store import ResponseStore
 from . import responses_wire as wire
-from .native import json_response
+from .native import v1_json_response
 from .openai import openai_errors
 
 log = logging.getLogger(__name__)
@@ -46,11 +46,11 @@ class ResponsesApi:
 
     async def retrieve(self, response_id: str) -> Response:
         stored = await trio.to_thread.run_sync(self._store(response_id).get, response_id)
-        return json_response(stored.response)
+        return v1_json_response(stored.response)
 
     async def delete(self, response_id: str) -> Response:
         await trio.to_thread.run_sync(self._store(response_id).delete, response_id)
-        return json_response(wire.deleted_object(response_id))
+        return v1_json_response(wire.deleted_object(response_id))
 
     async def input_items(self, response_id: str) -> Response:
         order = request.args.get("order", "desc")
@@ -64,7 +64,7 @@ class ResponsesApi:
             raise InvalidRequestError("invalid value for 'limit': must be between 1 and 100")
         stored = await trio.to_thread.run_sync(self._store(response_id).get, response_id)
         after = request.args.get("after", "")
-        return json_response(wire.input_items_page(stored.input, order=order, limit=limit,
+        return v1_json_response(wire.input_items_page(stored.input, order=order, limit=limit,
                                                    after=after))  # fmt: skip
 
 

@@ -54,7 +54,7 @@ from .anthropic import anthropic_error_response
 from .anthropic_stream import MessageEvents
 from .errors import response_for
 from .models import ApiContext
-from .native import json_response
+from .native import json_response, v1_json_response
 from .native_stream import ChatLines, GenerateLines
 from .openai import openai_error_response
 from .openai_stream import ChatEvents, CompletionEvents
@@ -253,7 +253,7 @@ class GenerationRoutes:
     async def _count_tokens(self, body: dict[str, Any], started: float) -> Plan:
         req = anthropic_wire.count_tokens_request(body)
         tokens = await pipeline.count_tokens(self.ctx, req)
-        return Plan(response=json_response({"input_tokens": tokens}))
+        return Plan(response=v1_json_response({"input_tokens": tokens}))
 
     async def _pull(self, body: dict[str, Any], started: float) -> Plan:
         return Plan(progress=progress.pull(self.ctx, self._nursery, body))
@@ -451,7 +451,8 @@ class _Exchange:
                 answer = fold.answer(gen)
                 if plan.finish is not None:
                     await plan.finish(answer)
-                await self.respond(json_response(plan.render(answer)))
+                respond = v1_json_response if self.openai else json_response
+                await self.respond(respond(plan.render(answer)))
                 return
             encoder = plan.encoder
             assert encoder is not None

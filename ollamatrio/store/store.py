@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ..errors import InvalidRequestError, ModelNotFoundError, OllamatrioError
+from ..errors import InvalidRequestError, ModelNotFoundError, NoSuchModelError, OllamatrioError
 from .manifest import (
     MEDIA_ADAPTER,
     MEDIA_LICENSE,
@@ -71,7 +71,7 @@ def _remove_temp(path: str) -> int:
 
 
 def not_found(name: str) -> ModelNotFoundError:
-    return ModelNotFoundError(f'model "{name}" not found, try pulling it first')
+    return NoSuchModelError(f'model "{name}" not found, try pulling it first')
 
 
 @dataclass(frozen=True)
