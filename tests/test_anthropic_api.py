@@ -263,11 +263,13 @@ async def test_bad_json_and_sdk_errors(api_server) -> None:
             async with sdk(srv.url) as c:
                 with pytest.raises(anthropic.NotFoundError) as caught:
                     await c.messages.create(model="nope", max_tokens=8, messages=HI)
-                assert caught.value.body == {
+                body = caught.value.body
+                assert isinstance(body, dict)
+                assert body.pop("request_id").startswith("req_")
+                assert body == {
                     "type": "error",
-                    "error": {"type": "not_found_error",
-                              "message": 'model "nope" not found, try pulling it first'},
-                }  # fmt: skip
+                    "error": {"type": "not_found_error", "message": "model 'nope' not found"},
+                }
 
 
 async def test_full_queue_is_overloaded_with_retry_after(api_server) -> None:
@@ -278,7 +280,9 @@ async def test_full_queue_is_overloaded_with_retry_after(api_server) -> None:
                     r = await c.post(path, json={"model": "tiny", "max_tokens": 8, "messages": HI})
                     assert r.status_code == 503
                     assert r.headers["retry-after"] == "1"
-                    assert r.json() == {
+                    body = r.json()
+                    assert len(body.pop("request_id")) == len("req_") + 24
+                    assert body == {
                         "type": "error",
                         "error": {"type": "overloaded_error", "message": QueueFullError.MESSAGE},
                     }

@@ -178,7 +178,7 @@ def test_claude_code_extras_are_ignored() -> None:
     ("body", "message"),
     [
         ({"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-         "max_tokens is required"),
+         "max_tokens is required and must be positive"),
         ({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}, "model is required"),
         ({"model": "m", "max_tokens": 8}, "messages is required"),
         ({"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]},
@@ -268,7 +268,11 @@ def test_stop_reasons(done_reason: str, calls: bool, stop_reason: str) -> None:
      (500, "api_error"), (503, "overloaded_error"), (502, "api_error")],
 )  # fmt: skip
 def test_error_object(status: int, kind: str) -> None:
-    assert wire.error_object("no", status) == {
+    error = wire.error_object("no", status)
+    request_id = error.pop("request_id")
+    assert request_id.startswith("req_") and int(request_id[4:], 16) >= 0
+    assert request_id != wire.error_object("no", status)["request_id"]
+    assert error == {
         "type": "error",
         "error": {"type": kind, "message": "no"},
     }
@@ -341,6 +345,9 @@ def test_stream_of_nothing_has_one_empty_text_block() -> None:
 
 
 def test_stream_error_event() -> None:
-    assert events(MessageEvents("m").error("queue full", 503)) == [
-        ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "queue full"}})
-    ]
+    ((kind, error),) = events(MessageEvents("m").error("queue full", 503))
+    assert error.pop("request_id").startswith("req_")
+    assert (kind, error) == (
+        "error",
+        {"type": "error", "error": {"type": "overloaded_error", "message": "queue full"}},
+    )

@@ -213,7 +213,7 @@ async def test_errors_are_response_errors(api_server) -> None:
             with pytest.raises(ollama.ResponseError) as err:
                 await c.generate("missing", "hi")
             assert err.value.status_code == 404
-            assert err.value.error == 'model "missing" not found, try pulling it first'
+            assert err.value.error == "model 'missing' not found"
             with pytest.raises(ollama.ResponseError) as err:
                 await c.show("missing")
             assert (err.value.status_code, err.value.error) == (404, "model 'missing' not found")

@@ -253,7 +253,7 @@ async def test_models_list_and_retrieve(api_server) -> None:
             with pytest.raises(openai.NotFoundError) as caught:
                 await c.models.retrieve("missing:latest")
             assert caught.value.body == {
-                "message": 'model "missing:latest" not found, try pulling it first',
+                "message": "model 'missing:latest' not found",
                 "type": "not_found_error",
                 "param": None,
                 "code": None,
@@ -301,12 +301,12 @@ def image_message(url: str) -> list[dict[str, Any]]:
          400, "invalid message content type: null"),
         ("/v1/chat/completions", {"model": "bad name!", "messages": HI}, 400, "invalid model name"),
         ("/v1/completions", {"model": "tiny", "prompt": ["a", "b"]}, 400, "invalid prompt"),
-        ("/v1/completions", {"model": "nope", "prompt": "x"}, 404, 'model "nope" not found'),
+        ("/v1/completions", {"model": "nope", "prompt": "x"}, 404, "model 'nope' not found"),
         ("/v1/embeddings", {"model": "tiny-embed", "input": [[1, 2, 3]]}, 400, "invalid input"),
         ("/v1/embeddings", {"model": "tiny-embed", "input": []}, 400, "invalid input"),
         ("/v1/embeddings", {"model": "tiny-embed", "input": "x", "encoding_format": "int8"},
          400, "Invalid value for 'encoding_format' = int8"),
-        ("/v1/embeddings", {"model": "nope", "input": "x"}, 404, 'model "nope" not found'),
+        ("/v1/embeddings", {"model": "nope", "input": "x"}, 404, "model 'nope' not found"),
     ],
     ids=[
         "malformed-json", "empty-body", "unknown-model", "no-messages", "no-model",
@@ -469,11 +469,13 @@ async def test_chat_request_translation(api_server, tiny_gguf) -> None:
     assert second.think is False
 
 
-async def test_completions_request_translation(api_server) -> None:
+async def test_completions_request_translation(api_server, tiny_gguf) -> None:
     engines = ScriptedEngines()
+    # A suffix needs a model whose template takes one (Ollama's insert capability).
+    coder = tiny_gguf(chat_template="{{ prompt }}{% if suffix %}{{ suffix }}{% endif %}")
     with trio.fail_after(20):
-        async with api_server(engines=engines) as srv, sdk(srv.url) as c:
-            await c.completions.create(model="tiny", prompt="def f(", suffix="return 1")
+        async with api_server(engines=engines, models={"coder": coder}) as srv, sdk(srv.url) as c:
+            await c.completions.create(model="coder", prompt="def f(", suffix="return 1")
             await c.completions.create(model="tiny", prompt="hello", temperature=0)
     infill, plain = engines.requests
     assert (infill.prompt, infill.suffix, infill.messages) == ("def f(", "return 1", None)

@@ -57,8 +57,13 @@ def error_type(status: int) -> str:
 
 
 def error_object(message: str, status: int) -> dict[str, Any]:
-    """Anthropic's error body: ``{"type": "error", "error": {"type", "message"}}``."""
-    return {"type": "error", "error": {"type": error_type(status), "message": message}}
+    """Anthropic's error body: ``{"type": "error", "error": {"type", "message"},
+    "request_id"}`` (an id of its own, as Anthropic's and Ollama's)."""
+    return {
+        "type": "error",
+        "error": {"type": error_type(status), "message": message},
+        "request_id": f"req_{secrets.token_hex(12)}",
+    }
 
 
 # -- requests --------------------------------------------------------------------------
@@ -75,7 +80,7 @@ def messages_request(body: Mapping[str, Any]) -> AnthropicRequest:
     """A ``/v1/messages`` body; ``max_tokens`` is required, as Anthropic's API has it."""
     model = get_model(body)
     if body.get("max_tokens") is None:
-        raise InvalidRequestError("max_tokens is required")
+        raise InvalidRequestError("max_tokens is required and must be positive")  # Ollama's
     return AnthropicRequest(_chat_request(body, model))
 
 
