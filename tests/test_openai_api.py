@@ -306,7 +306,8 @@ def image_message(url: str) -> list[dict[str, Any]]:
         ("/v1/embeddings", {"model": "tiny-embed", "input": []}, 400, "invalid input"),
         ("/v1/embeddings", {"model": "tiny-embed", "input": "x", "encoding_format": "int8"},
          400, "Invalid value for 'encoding_format' = int8"),
-        ("/v1/embeddings", {"model": "nope", "input": "x"}, 404, "model 'nope' not found"),
+        ("/v1/embeddings", {"model": "nope", "input": "x"}, 404,
+         'model "nope" not found, try pulling it first'),
     ],
     ids=[
         "malformed-json", "empty-body", "unknown-model", "no-messages", "no-model",

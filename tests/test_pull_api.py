@@ -20,6 +20,7 @@ from ollamatrio.api.app import drain_of
 from ollamatrio.store import MEDIA_MODEL, MEDIA_TEMPLATE
 from ollamatrio.store import registry as registry_module
 from ollamatrio.testing.fake_registry import FakeRegistry
+from ollamatrio.testing.tiny_gguf import CHATML
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -55,7 +56,8 @@ async def test_pull_without_streaming_then_list_and_show(api_server: Any, publis
             names = [m.model for m in (await client.list()).models]
             assert published in names
             shown = await client.show(published)
-            assert shown.template == "{{ .Prompt }}"
+            # The template generation applies: the GGUF's own wins over a Go layer.
+            assert shown.template == CHATML
             assert srv.store.resolve(published).model_path is not None
 
 

@@ -62,10 +62,12 @@ class ApiContext:
             generation == self.store.generation and trio.current_time() - read_at < REVALIDATE_AFTER
         )
 
-    async def resolve(self, name: str) -> Model:
+    async def resolve(self, name: str, *, scheduled: bool = False) -> Model:
         """The stored model ``name`` (404 if absent, 400 for a bad name).  Served from
         memory on the hot path; the store is read again after this process changed it or
-        :data:`REVALIDATE_AFTER` seconds passed."""
+        :data:`REVALIDATE_AFTER` seconds passed.  An absent model is ``model 'x' not
+        found``, Ollama's handlers' words, unless ``scheduled``: the routes whose lookup
+        Ollama leaves to its scheduler (embeddings) say ``..., try pulling it first``."""
         cached = self._models.get(name)
         if cached is not None and self._fresh(cached[0], cached[1]):
             model = cached[2]
@@ -75,7 +77,8 @@ class ApiContext:
             try:
                 model = await trio.to_thread.run_sync(self.store.resolve, name)
             except NoSuchModelError:
-                # Ollama's words on every route that names a model to use.
+                if scheduled:
+                    raise
                 raise ModelNotFoundError(f"model '{name}' not found") from None
             if len(self._models) > 4096:  # names are client input: bound the memory
                 self._models.clear()

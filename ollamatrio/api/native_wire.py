@@ -234,7 +234,10 @@ def done_object(req: GenerateRequest | ChatRequest, reason: str) -> dict[str, An
 
 
 def embed_answer(model: str, done: Embedded) -> dict[str, Any]:
-    """The ``/api/embed`` object."""
+    """The ``/api/embed`` object; a load-only request (no input) gets only the model and no
+    embeddings, as Ollama answers it."""
+    if not done.vectors:
+        return {"model": model, "embeddings": []}
     return {
         "model": model,
         "embeddings": done.vectors,

@@ -104,7 +104,7 @@ async def embed(ctx: ApiContext, req: EmbedRequest) -> Embedded:
     """Embed ``req.inputs``; no inputs only loads the model."""
     started = trio.current_time()
     refuse_when_queue_full(ctx)
-    model = await ctx.resolve(req.model)
+    model = await ctx.resolve(req.model, scheduled=True)
     assert model.model_path is not None
     info = await ctx.gguf(str(model.model_path))
     require_loadable(req.model, info)

@@ -39,7 +39,7 @@ from ..http.asgi import ANSWERED, ASGIApp
 from ..http.cors import OriginPolicy, cors_answer
 from ..http.drain import Drain
 from ..observability.metrics import CLIENT_CLOSED
-from ..wire import ndjson_line
+from ..wire import JSON, ndjson_line
 from . import (
     anthropic_wire,
     blob_upload,
@@ -482,10 +482,11 @@ class _Exchange:
                 last: dict[str, Any] = {}
                 async for event in events:
                     if "error" in event and plan.failed_status is not None:
-                        await self.respond(json_response(event, plan.failed_status))
+                        await self.respond(json_response(event, plan.failed_status, JSON))
                         return
                     last = event
-                await self.respond(json_response(last))
+                # Ollama's streamResponse folded: no charset, as its streams.
+                await self.respond(json_response(last, content_type=JSON))
                 return
             first = await anext(events, None)  # an error before it keeps its own status
             self.encoder = ProgressLines()
