@@ -139,6 +139,20 @@ def test_long_arrays_are_summarised_short_ones_decoded(tiny_gguf: TinyGGUF) -> N
     assert big["tokenizer.ggml.merges"] == ["\u0120 t", "h e", "\u0120 a", "i n", "\u0120t he"]
 
 
+@pytest.mark.parametrize("tokenizer", ["llama", "gpt2"])
+def test_full_arrays_match_the_gguf_package_reader(tiny_gguf: TinyGGUF, tokenizer: str) -> None:
+    """``full_array`` decodes summarised arrays (strings and numbers) from the file, as
+    /api/show's verbose answer needs them."""
+    path = tiny_gguf(vocab=2000, tokenizer=tokenizer)
+    info = read_gguf(path)
+    reference = gguf.GGUFReader(path)
+    summarised = [k for k, v in info.metadata.items() if isinstance(v, ArraySummary)]
+    assert {"tokenizer.ggml.tokens", "tokenizer.ggml.token_type"} <= set(summarised)
+    for key in info.metadata:
+        if key.startswith("tokenizer.") and isinstance(info.metadata[key], list | ArraySummary):
+            assert info.full_array(key) == reference.fields[key].contents(), key
+
+
 def test_per_layer_arrays_become_tuples(tiny_gguf: TinyGGUF) -> None:
     path = tiny_gguf(
         layers=4,

@@ -100,6 +100,11 @@ def _chat(content: str = "Hi", **extra: Any) -> dict[str, Any]:
     }
 
 
+def _conversation(*turns: tuple[str, str]) -> dict[str, Any]:
+    """A non-streamed chat of these (role, content) messages."""
+    return {**_chat(stream=False), "messages": [{"role": r, "content": c} for r, c in turns]}
+
+
 def _v1chat(**extra: Any) -> dict[str, Any]:
     return {
         "model": MODEL,
@@ -237,27 +242,14 @@ CORPUS: list[Case] = [
         "chat system",
         "POST",
         "/api/chat",
-        {
-            **_chat(stream=False),
-            "messages": [
-                {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "Hi"},
-            ],
-        },
+        _conversation(("system", "Be brief."), ("user", "Hi")),
         values=chat_counts,
     ),
     Case(
         "chat history",
         "POST",
         "/api/chat",
-        {
-            **_chat(stream=False),
-            "messages": [
-                {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Hello!"},
-                {"role": "user", "content": "Bye"},
-            ],
-        },
+        _conversation(("user", "Hi"), ("assistant", "Hello!"), ("user", "Bye")),
         values=chat_counts,
     ),
     Case("chat json", "POST", "/api/chat", _chat(format="json", stream=False)),

@@ -20,8 +20,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Where the reference lives: OLLAMATRIO_REFERENCE_OLLAMA (a folder holding the tarball, or
-# the tarball itself), else the sibling ``shared/ollama`` of the checkout (``../shared``
-# from the repository root, which is also where a git worktree's main checkout keeps it).
+# the tarball itself; set, it is the only place looked at), else ``../shared/ollama`` from
+# the repository root, else the same beside a git worktree's main checkout.
 ENV_REFERENCE = "OLLAMATRIO_REFERENCE_OLLAMA"
 TARBALL_GLOB = "ollama-*-linux-amd64*.tgz"
 
@@ -36,7 +36,8 @@ _LISTENING = re.compile(r"Listening on (?:http://)?([0-9.]+:[0-9]+)")
 
 def _candidates() -> Iterator[Path]:
     if env := os.environ.get(ENV_REFERENCE):
-        yield Path(env)
+        yield Path(env)  # named: the only place looked at
+        return
     yield REPO_ROOT.parent / "shared" / "ollama"
     # A git worktree: the main checkout's sibling.
     git = REPO_ROOT / ".git"

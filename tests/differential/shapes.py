@@ -59,6 +59,8 @@ def _merge(a: Any, b: Any) -> Any:
         for key, value in b.items():
             out[key] = _merge(out.get(key), value)
         return out
+    if isinstance(a, list) and isinstance(b, list):
+        return [_merge(a[0], b[0])]
     alternatives = set(str(a).split("|")) | set(str(b).split("|"))
     return "|".join(sorted(alternatives))
 
@@ -95,10 +97,13 @@ def reduce_body(media: str, data: bytes) -> tuple[Any, Any]:
     text = data.decode(errors="replace")
     if media == "application/x-ndjson":
         parsed = [json.loads(line) for line in text.splitlines() if line.strip()]
-        return {"ndjson": stream_shape([shape(item) for item in parsed])}, parsed
+        return {"ndjson": _lines(parsed)}, parsed
     if media == "text/event-stream":
         events = _sse(text)
-        return {"sse": stream_shape([[name, shape(data)] for name, data in events])}, events
+        by_name: dict[str, Any] = {"events": stream_shape([name for name, _ in events])}
+        for name, data in events:
+            by_name[name] = _merge(by_name.get(name), shape(data))
+        return {"sse": by_name}, events
     if media == "application/json" or text[:1] in "{[":
         try:
             parsed = json.loads(text)
@@ -106,6 +111,19 @@ def reduce_body(media: str, data: bytes) -> tuple[Any, Any]:
             return {"text": text}, text
         return shape(parsed), parsed
     return {"text": text}, text
+
+
+def _lines(parsed: list[Any]) -> dict[str, Any]:
+    """NDJSON lines: the first, the last, and the middle ones merged into one shape."""
+    out: dict[str, Any] = {"first": shape(parsed[0]) if parsed else None}
+    middle: Any = None
+    for item in parsed[1:-1]:
+        middle = _merge(middle, shape(item))
+    if middle is not None:
+        out["middle"] = middle
+    if len(parsed) > 1:
+        out["last"] = shape(parsed[-1])
+    return out
 
 
 def _sse(text: str) -> list[tuple[str, Any]]:
@@ -122,8 +140,8 @@ def _sse(text: str) -> list[tuple[str, Any]]:
         joined = "\n".join(data)
         try:
             events.append((name, json.loads(joined)))
-        except ValueError:
-            events.append((name, joined))  # [DONE]
+        except ValueError:  # OpenAI's last event, data: [DONE]
+            events.append((f"{name} {joined}", joined))
     return events
 
 

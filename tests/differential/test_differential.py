@@ -14,9 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
 from allowlist import COMPAT, Allowed, read_allow_list
 from corpus import CORPUS
 from run import Compared, run_corpus

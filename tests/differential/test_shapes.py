@@ -3,16 +3,10 @@ difference, and the allow-list as docs/compat.md holds it."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from allowlist import COMPAT, read_allow_list  # noqa: E402
-from corpus import CORPUS  # noqa: E402
-from shapes import Reduced, differences, reduce_body, shape, stream_shape  # noqa: E402
+from allowlist import COMPAT, read_allow_list
+from corpus import CORPUS
+from shapes import Reduced, differences, reduce_body, shape, stream_shape
 
 
 def test_shape_keeps_json_types_not_values() -> None:
@@ -21,6 +15,7 @@ def test_shape_keeps_json_types_not_values() -> None:
     }  # fmt: skip
     assert shape([{"x": 1}, {"y": "s"}]) == [{"x": "integer", "y": "string"}]
     assert shape([1, "a"]) == ["integer|string"]
+    assert shape([[{"a": 1}], [{"a": None}]]) == [[{"a": "integer|null"}]]
 
 
 def test_a_stream_shape_does_not_depend_on_its_length() -> None:
@@ -45,10 +40,13 @@ def test_differences_name_where() -> None:
 
 def test_bodies_are_read_by_media_type() -> None:
     shaped, parsed = reduce_body("application/x-ndjson", b'{"a": 1}\n{"a": 2}\n{"done": true}\n')
-    assert shaped == {"ndjson": [{"a": "integer"}, {"a": "integer"}, {"done": "boolean"}]}
+    assert shaped == {"ndjson": {"first": {"a": "integer"}, "middle": {"a": "integer"},
+                                 "last": {"done": "boolean"}}}  # fmt: skip
     assert parsed[-1] == {"done": True}
     shaped, _ = reduce_body("text/event-stream", b"event: x\ndata: {}\n\ndata: [DONE]\n\n")
-    assert shaped == {"sse": [["x", {}], ["message", "string"]]}
+    assert shaped == {
+        "sse": {"events": ["x", "message [DONE]"], "x": {}, "message [DONE]": "string"}
+    }
     assert reduce_body("text/plain", b"404 page not found")[0] == {"text": "404 page not found"}
 
 
