@@ -176,7 +176,24 @@ CORPUS: list[Case] = [
         "generate template override",
         "POST",
         "/api/generate",
-        _gen(template="{{ .Prompt }}", stream=False, options={**GREEDY, "num_predict": 6}),
+        # A plain continuation, so that all six tokens are generated ("context" counts them).
+        _gen(
+            "Once upon a time, there was",
+            template="{{ .Prompt }}",
+            stream=False,
+            options={**GREEDY, "num_predict": 6},
+        ),
+        values=generated,
+    ),
+    Case(
+        "generate template override stream",
+        "POST",
+        "/api/generate",
+        _gen(
+            "Once upon a time, there was",
+            template="{{ .Prompt }}",
+            options={**GREEDY, "num_predict": 6},
+        ),
         values=generated,
     ),
     Case(
