@@ -217,9 +217,14 @@ def test_response_objects() -> None:
     assert done["output"][2]["call_id"] == "call_1"
     assert done["usage"]["input_tokens"] == 7
     assert done["usage"]["total_tokens"] == 12
+    assert done["completed_at"] >= done["created_at"]
+    # The fields of OpenAI's Response object this server does not take, as Ollama fills them.
+    defaults = {"background": False, "service_tier": "default", "top_logprobs": 0}
+    assert {k: done[k] for k in defaults} == defaults
     cut = wire.response_object(draft, answer("Hi", reason="length"))
     assert cut["status"] == "incomplete"
     assert cut["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert cut["completed_at"] is None
     only_call = wire.response_object(draft, answer(calls=(ToolCall("f", {}),)))
     assert [item["type"] for item in only_call["output"]] == ["function_call"]
     assert only_call["output"][0]["call_id"] == draft.item_id("call", 0)

@@ -102,7 +102,8 @@ def allow_header(exc: BaseException | None) -> dict[str, str]:
 
 def routing_error(exc: MethodNotAllowed | NotFound) -> Response:
     """Gin's plain-text answers to an unknown path (404) and a known path asked with
-    another method (405, with ``Allow``), on every route as in Ollama."""
+    another method (405, with ``Allow``), on every route as in Ollama (its
+    ``server/routes.go`` sets ``r.HandleMethodNotAllowed = true``)."""
     text = "405 method not allowed" if isinstance(exc, MethodNotAllowed) else "404 page not found"
     return Response(
         text,

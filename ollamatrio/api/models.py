@@ -67,7 +67,8 @@ class ApiContext:
         memory on the hot path; the store is read again after this process changed it or
         :data:`REVALIDATE_AFTER` seconds passed.  An absent model is ``model 'x' not
         found``, Ollama's handlers' words, unless ``scheduled``: the routes whose lookup
-        Ollama leaves to its scheduler (embeddings) say ``..., try pulling it first``."""
+        Ollama leaves to its scheduler (embeddings) say ``..., try pulling it first``
+        (``server/routes.go``: ``GenerateHandler``, ``ChatHandler``; ``handleScheduleError``)."""
         cached = self._models.get(name)
         if cached is not None and self._fresh(cached[0], cached[1]):
             model = cached[2]
@@ -190,7 +191,8 @@ def require(name: str, caps: list[str], cap: str, label: str | None = None) -> N
 
 def require_for_runner(model: Model, caps: list[str], cap: str) -> None:
     """400 ``<full model name> does not support <cap>``: Ollama's words for what its
-    scheduler checks (tools, insert), which name the model in full."""
+    scheduler checks (tools, insert), which name the model in full (``server/images.go``
+    ``CheckCapabilities``, wrapped with the name in ``server/routes.go``)."""
     if cap not in caps:
         raise CapabilityError(f"{model.name} does not support {cap}")
 

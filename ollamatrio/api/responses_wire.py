@@ -294,6 +294,17 @@ class Draft:
             "store": self.call.store,
             "truncation": "disabled",
             "usage": None,
+            # The rest of OpenAI's Response object, as Ollama fills it (openai/responses.go):
+            # settings this server does not take, at their defaults.
+            "completed_at": None,
+            "presence_penalty": 0,
+            "frequency_penalty": 0,
+            "top_logprobs": 0,
+            "max_tool_calls": None,
+            "background": False,
+            "service_tier": "default",
+            "safety_identifier": None,
+            "prompt_cache_key": None,
             **self.call.echo,
         }
 
@@ -362,6 +373,8 @@ def response_object(draft: Draft, answer: Answer) -> dict[str, Any]:
     )
     if incomplete:
         response["incomplete_details"] = {"reason": "max_output_tokens"}
+    else:
+        response["completed_at"] = int(time.time())
     response["usage"] = usage(answer.timings)
     return response
 
