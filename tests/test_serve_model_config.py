@@ -95,7 +95,7 @@ async def test_preload_loads_in_the_background_with_the_models_settings(
     assert inner.engines == {}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert f"{config}: model absent is not in the store (yet)" in warnings
-    assert 'preloading absent failed: model "absent" not found, try pulling it first' in warnings
+    assert "preloading absent failed: model 'absent' not found" in warnings
     assert "preloaded tiny" in caplog.messages
 
 
