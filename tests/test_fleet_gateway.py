@@ -123,7 +123,8 @@ async def test_concurrent_first_requests_for_a_cold_model_load_it_once(
             async with ollama.AsyncClient(host=gw.url) as client, trio.open_nursery() as n:
                 for _ in range(8):
                     n.start_soon(ask, client)
-            assert len(answers) == 8 and all(a.done for a in answers)
+            assert len(answers) == 8
+            assert all(a.done for a in answers)
             assert [h.engines.loads for h in hosts].count(1) == 1
             assert sum(h.engines.loads for h in hosts) == 1
             assert gw.table.decisions["cold"] == 1
@@ -248,7 +249,7 @@ async def test_no_host_up_is_a_503_in_the_dialects_shape(tmp_path) -> None:
                     settings,
                     shutdown_trigger=stop.wait,
                     task_status=task_status,
-                )  # fmt: skip
+                )
             )
             async with httpx.AsyncClient(base_url=gw.url) as client:
                 native = await client.post("/api/chat", json={"model": "tiny"})
@@ -281,3 +282,40 @@ def test_error_lines_in_each_dialects_shape(path: str, content_type: bytes, star
     line = error_line(path, content_type, "gone")
     assert line.startswith(start)
     assert line.endswith(b"\n")
+
+
+async def test_the_gateway_command_serves_until_sigterm(api_server, tmp_path) -> None:
+    with trio.fail_after(60):
+        async with api_server(behaviour=FAST) as host:
+            env = {**os.environ, "OLLAMA_HOST": "127.0.0.1:0"}
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "ollamatrio", "fleet", "gateway", host.url],
+                env=env, stdout=subprocess.PIPE,
+            )  # fmt: skip
+            assert proc.stdout is not None
+            try:
+                output = b""
+                ready = rb"ready: (http://\S+) \(1 of 1 hosts up\)"
+                while (match := re.search(ready, output)) is None:
+                    chunk = await proc.stdout.receive_some()
+                    assert chunk, output.decode()
+                    output += chunk
+                async with ollama.AsyncClient(host=match.group(1).decode()) as client:
+                    assert (await client.generate("tiny", "hi")).done
+                proc.send_signal(signal.SIGTERM)
+                assert await proc.wait() == 0
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                with trio.CancelScope(shield=True):
+                    await proc.wait()
+                    await proc.stdout.aclose()
+
+
+def test_the_gateway_command_refuses_a_bad_host_address() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ollamatrio", "fleet", "gateway", "ftp://x"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr == "Error: not a host address (http://HOST:PORT): 'ftp://x'\n"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from socket import socket
 from typing import Any, Final
 
 import orjson
@@ -320,10 +321,11 @@ async def serve_gateway(
     settings: Settings,
     *,
     shutdown_trigger: Callable[..., Awaitable[None]] | None = None,
+    listener: socket | None = None,
     task_status: trio.TaskStatus[RunningGateway] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the gateway for ``hosts`` (``http://HOST:PORT`` each) on ``settings.bind``
-    until ``shutdown_trigger`` returns."""
+    """Serve the gateway for ``hosts`` (``http://HOST:PORT`` each) on ``listener`` (else
+    ``settings.bind``) until ``shutdown_trigger`` returns."""
     table = HostTable(hosts)
     app = Gateway(table)
     try:
@@ -333,7 +335,7 @@ async def serve_gateway(
 
             async def serve(task_status: trio.TaskStatus[list[str]]) -> None:
                 await serve_http(
-                    app, hypercorn_config(settings), shutdown_trigger=shutdown_trigger,
+                    app, hypercorn_config(settings, listener), shutdown_trigger=shutdown_trigger,
                     body_timeout=settings.body_timeout, task_status=task_status,
                 )  # fmt: skip
                 nursery.cancel_scope.cancel()  # the watchers end with the server
