@@ -319,3 +319,19 @@ def test_the_gateway_command_refuses_a_bad_host_address() -> None:
     )  # fmt: skip
     assert proc.returncode == 1
     assert proc.stderr == "Error: not a host address (http://HOST:PORT): 'ftp://x'\n"
+
+
+async def test_an_unloaded_model_is_no_longer_warm_within_a_second(
+    api_server, tiny_gguf, tmp_path
+) -> None:
+    with trio.fail_after(30):
+        async with fleet(api_server, tiny_gguf, tmp_path, count=1) as (hosts, gw):
+            host = gw.table.hosts[hosts[0].url]
+            async with ollama.AsyncClient(host=gw.url) as client:
+                await client.generate("tiny", "hi")
+                while model_key("tiny") not in host.view().loaded:
+                    await gw.table.wait_changed()
+                await client.generate("tiny", "", keep_alive=0)
+                with trio.fail_after(1):
+                    while model_key("tiny") in host.view().loaded:
+                        await gw.table.wait_changed()
