@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ollamatrio fleet", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="ollamatrio fleet", description="The fleet's commands.")
     commands = parser.add_subparsers(dest="command", required=True)
     gateway = commands.add_parser(
         "gateway",
