@@ -31,7 +31,7 @@ FLOORS: list[list[str]] = [
     ["observability"],
     ["api"],  # the dialects, their routes and the app
     ["serve"],
-    ["cli"],
+    ["cli", "fleet"],  # the command line; the fleet gateway beside it (both on the server)
     ["__main__"],
 ]
 # The package's own __init__ re-exports the embedding surface lazily (importlib), so it
