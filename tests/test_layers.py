@@ -21,7 +21,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "ollamatrio"
 FLOORS: list[list[str]] = [
     ["_version", "errors", "types", "wire"],  # leaves: import nothing of the project
     ["config", "gguf", "modelfile", "template"],
-    ["log", "devices", "memory", "model_info"],
+    ["log", "devices", "memory", "model_info", "slot_cache"],
     ["runner"],  # the child process: facts and records only
     ["engines", "store", "response_store"],
     ["model_config", "testing"],
