@@ -65,7 +65,7 @@ class HostProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks
+            preexec_fn=_die_with_parent,
         )
         assert self.proc.stderr is not None
         self.url = self._read_address(self.proc.stderr)
