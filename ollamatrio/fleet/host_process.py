@@ -49,8 +49,9 @@ def _die_with_parent() -> None:
 
 def _forward(stream: IO[str], prefix: str) -> None:
     """Copy the server's remaining output to our log, so its pipe never fills."""
-    for line in stream:
-        log.info("%s %s", prefix, line.rstrip())
+    with stream:
+        for line in stream:
+            log.info("%s %s", prefix, line.rstrip())
 
 
 class HostProcess:
@@ -70,9 +71,10 @@ class HostProcess:
         assert self.proc.stderr is not None
         self.url = self._read_address(self.proc.stderr)
         self.pid = self.proc.pid
-        threading.Thread(
+        self._output = threading.Thread(
             target=_forward, args=(self.proc.stderr, f"[serve {self.pid}]"), daemon=True
-        ).start()
+        )
+        self._output.start()
 
     def _read_address(self, stderr: IO[str]) -> str:
         # A watchdog, not a poll: kill the child if it has not spoken in time, which ends
@@ -88,6 +90,7 @@ class HostProcess:
         finally:
             timer.cancel()
         self.proc.wait()
+        stderr.close()
         output = "".join(seen[-20:])
         raise HostStartError(f"ollamatrio serve exited ({self.proc.returncode}):\n{output}")
 
@@ -131,3 +134,4 @@ class HostProcess:
                 log.warning("ollamatrio serve %d did not stop in %.0f s", self.pid, timeout)
                 self.proc.kill()
                 self.proc.wait()
+        self._output.join(5.0)  # the rest of its output, up to the end of the pipe
