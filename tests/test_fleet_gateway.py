@@ -335,3 +335,44 @@ async def test_an_unloaded_model_is_no_longer_warm_within_a_second(
                 with trio.fail_after(1):
                     while model_key("tiny") in host.view().loaded:
                         await gw.table.wait_changed()
+
+
+async def test_fleetwide_ps_metrics_and_events(api_server, tiny_gguf, tmp_path) -> None:
+    with trio.fail_after(30):
+        async with fleet(api_server, tiny_gguf, tmp_path) as (hosts, gw):
+            async with httpx.AsyncClient(timeout=10) as client:
+                async with client.stream("GET", f"{gw.url}/api/events") as events:
+                    lines = events.aiter_lines()
+                    for model in ("tiny", "other"):
+                        body = {"model": model, "prompt": "hi", "stream": False}
+                        answer = await client.post(f"{gw.url}/api/generate", json=body)
+                        assert answer.status_code == 200
+                    # A second copy of tiny, loaded behind the gateway's back.
+                    holder = holders(hosts, "tiny:latest")[0]
+                    other = hosts[1 - holder]
+                    body = {"model": "tiny", "prompt": "hi", "stream": False}
+                    assert (await client.post(f"{other.url}/api/generate", json=body)).is_success
+                    seen: list[dict[str, Any]] = []
+                    while sum(e["event"] == "loaded" for e in seen) < 3:
+                        line = await anext(lines)
+                        if line.startswith("data: "):
+                            seen.append(json.loads(line[6:]))
+                assert {e["host"] for e in seen} == {h.url for h in hosts}
+                assert all("replica" in e and "node" in e for e in seen)
+                while gw.table.duplicate_loads < 1:
+                    await gw.table.wait_changed()
+
+                ps = (await client.get(f"{gw.url}/api/ps")).json()["models"]
+                rows = sorted((r["name"], r["replica"]) for r in ps)
+                assert rows == sorted(
+                    [("tiny:latest", hosts[0].url), ("tiny:latest", hosts[1].url),
+                     ("other:latest", hosts[holders(hosts, "other:latest")[0]].url)]
+                )  # fmt: skip
+                assert all(r["node"] == r["replica"] for r in ps)  # no Ray: the address
+
+                metrics = (await client.get(f"{gw.url}/metrics")).text
+                assert 'ollamatrio_fleet_routing_decisions_total{kind="cold"} 2.0' in metrics
+                assert "ollamatrio_fleet_duplicate_loads_total 1.0" in metrics, metrics
+                assert "ollamatrio_fleet_hosts_up 2.0" in metrics
+                for host in hosts:
+                    assert f'host="{host.url}"' in metrics

@@ -1,10 +1,11 @@
 """``python -m ollamatrio fleet ...``: the fleet's commands.
 
-Today one: ``fleet gateway URL...`` serves the gateway on ``OLLAMA_HOST`` (Ollama's rules and
-default, ``127.0.0.1:11434``) in front of the hosts listed, until SIGINT or SIGTERM; it prints
-one ``ready: <url> (<n> of <m> hosts up)`` line once a host can answer.  The
-``fleet up|down|status`` commands that deploy hosts with Ray Serve are not built yet
-(docs/fleet.md).
+``fleet gateway URL...`` serves the gateway on ``OLLAMA_HOST`` (Ollama's rules and default,
+``127.0.0.1:11434``) in front of the hosts listed, until SIGINT or SIGTERM; it prints one
+``ready: <url> (<n> of <m> hosts up)`` line once a host can answer.
+
+``fleet up|down|status`` deploy, remove and list a fleet on a Ray cluster
+(``fleet/ray_cli.py``); they need the ``fleet`` extra (``ray[serve]``), imported only then.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from socket import socket
 
 import trio
@@ -38,11 +40,34 @@ def _parser() -> argparse.ArgumentParser:
         "the model's rendezvous-hashed host.",
     )
     gateway.add_argument("hosts", nargs="+", metavar="URL", help="a host: http://HOST:PORT")
+    up = commands.add_parser("up", help="deploy the fleet onto a running Ray cluster")
+    _address(up)
+    count = up.add_mutually_exclusive_group()
+    count.add_argument("--replicas", type=int, help="hosts (default 1)")
+    count.add_argument("--min-replicas", type=int, help="autoscale from this many hosts")
+    up.add_argument("--max-replicas", type=int, help="autoscale up to this many hosts")
+    up.add_argument("--config", type=Path, help="fleet.toml: [fleet] settings, [env] of hosts")
+    _address(commands.add_parser("down", help="remove the gateway, the hosts and runners"))
+    status = commands.add_parser("status", help="list hosts, nodes, loaded models, queues")
+    _address(status)
+    status.add_argument("--json", action="store_true", help="the status as one JSON object")
     return parser
+
+
+def _address(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", default=None, help="Ray cluster (RAY_ADDRESS, else auto)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command != "gateway":
+        try:
+            from . import ray_cli
+        except ImportError as exc:
+            print(f"Error: fleet {args.command} needs Ray Serve: pip install "
+                  f"'ollamatrio[fleet]' ({exc})", file=sys.stderr)  # fmt: skip
+            return 1
+        return ray_cli.run(args)
     try:
         for url in args.hosts:
             parse_address(url)

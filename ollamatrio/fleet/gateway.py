@@ -20,7 +20,8 @@ wrote one piece to the client: the body bytes are never parsed.
 
 Requests that name no model (``/api/tags``, ``/api/version``, ``/``) go to the first host
 that is up; with one shared model store (``OLLAMA_MODELS`` on shared storage) every host
-answers them alike.
+answers them alike.  ``/api/ps``, ``/metrics`` and ``/api/events`` are the gateway's own,
+fleet-wide answers (``fleet/gateway_fleetwide.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from ..api.requests import MAX_JSON_BODY
 from ..config import Settings
 from ..http.front import serve_http
 from ..serve import hypercorn_config
+from . import gateway_fleetwide as fleetwide
 from .gateway_hosts import Host, HostTable, model_key
 from .gateway_upstream import BodyReader, HostConnectionError, ResponseHead, Upstream
 from .policy import Choice
@@ -126,6 +128,9 @@ class Gateway:
         path: str = scope["path"]
         method: str = scope["method"]
         headers: list[tuple[bytes, bytes]] = scope["headers"]
+        if method == "GET" and path in fleetwide.FLEETWIDE:
+            await fleetwide.answer(self.table, path, receive, send)
+            return
         length = next((v for k, v in headers if k == b"content-length"), None)
         streamed = method == "POST" and path.startswith(_BLOBS)
         if streamed and length is None:
@@ -317,31 +322,27 @@ class RunningGateway:
 
 
 async def serve_gateway(
-    hosts: list[str],
+    hosts: list[str] | HostTable,
     settings: Settings,
     *,
     shutdown_trigger: Callable[..., Awaitable[None]] | None = None,
     listener: socket | None = None,
     task_status: trio.TaskStatus[RunningGateway] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the gateway for ``hosts`` (``http://HOST:PORT`` each) on ``listener`` (else
-    ``settings.bind``) until ``shutdown_trigger`` returns."""
-    table = HostTable(hosts)
+    """Serve the gateway for ``hosts`` (``http://HOST:PORT`` each, or a table that learns
+    them as they come) on ``listener`` (else ``settings.bind``) until ``shutdown_trigger``
+    returns."""
+    table = hosts if isinstance(hosts, HostTable) else HostTable(hosts)
     app = Gateway(table)
-    try:
-        async with trio.open_nursery() as nursery:
-            for host in table.hosts.values():
-                nursery.start_soon(table.watch, host)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(table.run)
 
-            async def serve(task_status: trio.TaskStatus[list[str]]) -> None:
-                await serve_http(
-                    app, hypercorn_config(settings, listener), shutdown_trigger=shutdown_trigger,
-                    body_timeout=settings.body_timeout, task_status=task_status,
-                )  # fmt: skip
-                nursery.cancel_scope.cancel()  # the watchers end with the server
+        async def serve(task_status: trio.TaskStatus[list[str]]) -> None:
+            await serve_http(
+                app, hypercorn_config(settings, listener), shutdown_trigger=shutdown_trigger,
+                body_timeout=settings.body_timeout, task_status=task_status,
+            )  # fmt: skip
+            nursery.cancel_scope.cancel()  # the watchers end with the server
 
-            binds = await nursery.start(serve)
-            task_status.started(RunningGateway(binds[0], table))
-    finally:
-        for host in table.hosts.values():
-            host.pool.close()
+        binds = await nursery.start(serve)
+        task_status.started(RunningGateway(binds[0], table))

@@ -79,9 +79,13 @@ def parse_address(url: str) -> tuple[str, int]:
 class Host:
     """One host as the gateway knows it."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, replica: str | None = None, node: str | None = None) -> None:
         self.address = parse_address(url)
         self.name = f"http://{self.address[0]}:{self.address[1]}"
+        self.replica = replica  # Ray's replica id, when Ray runs the host
+        self.node = node  # its Ray node (id or address)
+        self.seen = 0.0  # when its owner last said it exists (trio time; Ray hosts)
+        self.watcher = trio.CancelScope()  # the watch task's scope; cancelled on removal
         self.pool = HostPool(self.address)
         self.up = False
         self.models: dict[str, str] = {}  # model key → loading | ready | unloading
@@ -123,18 +127,86 @@ class Host:
 
 
 class HostTable:
-    """Every host, and the routing decisions over them."""
+    """Every host, and the routing decisions over them.
 
-    def __init__(self, urls: list[str]) -> None:
+    A static fleet lists its hosts up front; a dynamic one (Ray) starts empty and learns
+    them with :meth:`add` and :meth:`remove` once :meth:`run` is running.
+    """
+
+    def __init__(self, urls: list[str], *, dynamic: bool = False) -> None:
         self.hosts: dict[str, Host] = {}
         for url in urls:
             host = Host(url)
             self.hosts[host.name] = host
-        if not self.hosts:
+        if not self.hosts and not dynamic:
             raise ValueError("a fleet needs at least one host")
         self._recent: dict[str, tuple[str, float]] = {}  # model key → (host, when sent)
         self._changed = trio.Event()
         self.decisions: dict[str, int] = {}  # routing decisions by kind
+        # A model started loading on a host while another, unsaturated host held it.
+        self.duplicate_loads = 0
+        self._nursery: trio.Nursery | None = None
+        self._subscribers: set[trio.MemorySendChannel[dict[str, Any]]] = set()
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Watch every host (those listed, then those added) until cancelled."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for host in self.hosts.values():
+                    nursery.start_soon(self.watch, host)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            for host in self.hosts.values():
+                host.pool.close()
+
+    def add(self, url: str, replica: str | None = None, node: str | None = None) -> Host:
+        """A host that exists (again): watched from now on; said again, only refreshed."""
+        address = parse_address(url)
+        name = f"http://{address[0]}:{address[1]}"
+        host = self.hosts.get(name)
+        if host is None:
+            assert self._nursery is not None, "add() needs run() running"
+            host = self.hosts[name] = Host(url, replica, node)
+            self._nursery.start_soon(self.watch, host)
+            log.info("host %s added (replica %s, node %s)", host.name, replica, node)
+        host.replica, host.node = replica or host.replica, node or host.node
+        host.seen = trio.current_time()
+        return host
+
+    def remove(self, name: str) -> None:
+        """A host that is gone: no more requests, its watcher and connections closed."""
+        host = self.hosts.pop(name, None)
+        if host is not None:
+            host.watcher.cancel()
+            host.pool.close()
+            log.info("host %s removed", name)
+            self._notify()
+
+    def forget_silent(self, older_than: float) -> None:
+        """Remove the hosts that are down and were last said to exist before
+        ``older_than`` (trio time): a replica killed outright never says goodbye."""
+        for host in list(self.hosts.values()):
+            if not host.up and host.seen < older_than:
+                self.remove(host.name)
+
+    def subscribe(self, capacity: int = 256) -> trio.MemoryReceiveChannel[dict[str, Any]]:
+        """Every host's scheduler events from now on, each tagged with ``host``,
+        ``replica`` and ``node``; a subscriber that falls ``capacity`` behind is cut off."""
+        send, receive = trio.open_memory_channel[dict[str, Any]](capacity)
+        self._subscribers.add(send)
+        return receive
+
+    def _publish(self, host: Host, event: dict[str, Any]) -> None:
+        tagged = {**event, "host": host.name, "replica": host.replica, "node": host.node}
+        for channel in list(self._subscribers):
+            try:
+                channel.send_nowait(tagged)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                self._subscribers.discard(channel)
+                channel.close()
 
     def _notify(self) -> None:
         self._changed.set()
@@ -202,14 +274,34 @@ class HostTable:
             del self._recent[model]
         self._notify()
 
+    def _count_duplicate(self, host: Host, event: dict[str, Any]) -> None:
+        """A second copy: ``host`` starts loading a model that another host, up and not
+        saturated, holds already."""
+        if not isinstance(event.get("model"), str):
+            return
+        model = model_key(event["model"])
+        if host.models.get(model) in ("loading", "ready"):
+            return  # a progress report of a load already counted
+        for other in self.up():
+            if other is not host and other.models.get(model) == "ready" and not other.refused:
+                self.duplicate_loads += 1
+                return
+
     async def watch(self, host: Host) -> None:
-        """Follow ``host`` for as long as the gateway runs."""
+        """Follow ``host`` for as long as the gateway runs (or until it is removed)."""
+        with host.watcher:
+            await self._watch(host)
+
+    async def _watch(self, host: Host) -> None:
         backoff = FIRST_BACKOFF
         while True:
             try:
                 async with aclosing(self._events(host)) as events:
                     async for event in events:
                         backoff = FIRST_BACKOFF
+                        self._publish(host, event)
+                        if event.get("event") == "loading":
+                            self._count_duplicate(host, event)
                         model = host.apply(event)
                         if model is not None:
                             self._heard(host, model)
