@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import tempfile
 import time
@@ -46,7 +45,7 @@ from pathlib import Path
 
 import httpx
 import trio
-from ollama_ref import Ollama, find_tarball, running_ollama
+from ollama_ref import Ollama, find_tarball, free_port, running_ollama
 
 from ollamatrio.api import create_app
 from ollamatrio.config import Settings
@@ -299,12 +298,6 @@ def report(
         f"| cold load s (median; file in page cache) | {med(loads):.2f} | | "
         f"{med(other_loads):.2f} | | {med(loads) / med(other_loads):.2f} |"
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,7 +57,14 @@ from pathlib import Path
 import httpx
 import psutil
 import trio
-from ollama_ref import find_tarball, running_ollama, tree_cpu, tree_rss, wait_answering
+from ollama_ref import (
+    find_tarball,
+    free_port,
+    running_ollama,
+    tree_cpu,
+    tree_rss,
+    wait_answering,
+)
 
 from ollamatrio.engines.llamacpp_wire import completion_request
 from ollamatrio.engines.process import ProcessEngine, ProcessEngineFactory
@@ -77,12 +83,6 @@ class Round:
     server_cpu: float = 0.0
     server_sys: float = 0.0  # the kernel's share of server_cpu (socket system calls)
     tree_cpu: float = 0.0  # the server and its runners
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def options(tokens: int, threads: int) -> dict[str, object]:

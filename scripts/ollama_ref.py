@@ -14,6 +14,7 @@ answer.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import tarfile
 import tempfile
@@ -43,6 +44,12 @@ def find_tarball(given: Path | None = None) -> Path:
         if path.is_file():
             return path
     raise SystemExit(f"no reference Ollama: looked for {', '.join(map(str, candidates))}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass
