@@ -184,6 +184,7 @@ class Chunk:
     logprobs: Sequence[Mapping[str, Any]] = ()
     done: bool = False
     done_reason: str | None = None  # "stop" | "length"
+    stop_sequence: str = ""  # on the final chunk: the stop sequence that ended the answer
     prompt_eval_count: int = 0
     prompt_eval_duration: int = 0  # ns
     eval_count: int = 0

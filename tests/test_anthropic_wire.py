@@ -255,11 +255,14 @@ def test_message_object_thinking_and_tool_use() -> None:
 
 
 @pytest.mark.parametrize(
-    ("done_reason", "calls", "stop_reason"),
-    [("stop", False, "end_turn"), ("length", False, "max_tokens"), ("stop", True, "tool_use")],
-)
-def test_stop_reasons(done_reason: str, calls: bool, stop_reason: str) -> None:
-    assert wire.stop_reason(done_reason, calls) == stop_reason
+    ("done_reason", "sequence", "calls", "stop_reason"),
+    [("stop", "", False, "end_turn"), ("length", "", False, "max_tokens"),
+     ("stop", "", True, "tool_use"), ("stop", "END", False, "stop_sequence")],
+)  # fmt: skip
+def test_stop_reasons(done_reason: str, sequence: str, calls: bool, stop_reason: str) -> None:
+    assert wire.stop_fields(done_reason, sequence, calls) == {
+        "stop_reason": stop_reason, "stop_sequence": sequence or None,
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -286,9 +286,48 @@ def test_completion_stream(stop_type: str, reason: str) -> None:
     stream = CompletionStream()
     assert stream.feed({"content": "a", "stop": False}) == [Chunk(content="a")]
     assert stream.feed({"content": "", "stop": False}) == []
-    final = stream.feed({"content": "", "stop": True, "stop_type": stop_type, "timings": TIMINGS})
-    assert final == [Chunk(done=True, done_reason=reason, **timing_counts(TIMINGS))]
+    final = stream.feed({
+        "content": "", "stop": True, "stop_type": stop_type, "timings": TIMINGS,
+        "stopping_word": "END" if stop_type == "word" else "",
+    })  # fmt: skip
+    word = "END" if stop_type == "word" else ""
+    assert final == [
+        Chunk(done=True, done_reason=reason, stop_sequence=word, **timing_counts(TIMINGS))
+    ]
     assert stream.done
+
+
+@pytest.mark.parametrize(
+    ("pieces", "sent", "matched"),
+    [
+        (["Hello", " wor", "ld"], "Hello world", ""),  # no match: everything, held tail too
+        (["1, 2, 3", ", 4, 5"], "1, 2, 3, 4, ", "5"),
+        (["ab", "cST", "OPde"], "abc", "STOP"),  # split over pieces: held, then dropped
+        (["xS", "Ty"], "xSTy", ""),  # a held prefix that did not become a match
+        (["a END b STOP"], "a ", "END"),  # the first match in the text wins
+        (["a5STOP"], "a", "5"),
+    ],
+)
+def test_chat_stream_matches_stop_sequences(pieces: list[str], sent: str, matched: str) -> None:
+    """llama.cpp's chat stream cannot say which sequence stopped it, so they are matched
+    here: the text up to the match, the match itself on the final chunk, counts from the
+    last timings seen (the request asks for them on every event)."""
+    assert "stop" not in chat_request(CompletionRequest(messages=[], options={"stop": ["x"]}),
+                                      2048, "m")[1]  # fmt: skip
+    stream = ChatStream(stop=("STOP", "5", "END"))
+    chunks = []
+    for piece in pieces:
+        chunks += stream.feed({"choices": [{"delta": {"content": piece}}], "timings": TIMINGS})
+        if stream.done:
+            break
+    if not stream.done:
+        chunks += stream.feed({"choices": [{"delta": {}, "finish_reason": "stop"}]})
+        chunks += stream.finish()
+    assert "".join(c.content for c in chunks) == sent
+    assert chunks[-1] == Chunk(
+        done=True, done_reason="stop", stop_sequence=matched, **timing_counts(TIMINGS)
+    )
+    assert stream.feed({"choices": [{"delta": {"content": "more"}}]}) == []
 
 
 def test_chat_stream_joins_tool_call_deltas() -> None:

@@ -98,6 +98,11 @@ def chat_request(
     if req.messages is None:
         raise InvalidRequestError("a chat needs messages")
     body = sampling_fields(req.options, context_length)
+    if body.pop("stop", None):
+        # llama.cpp's chat stream does not say which stop sequence ended an answer, so the
+        # sequences are matched here (ChatStream); timings on every event keep the counts
+        # when the stream is closed at a match.
+        body["timings_per_token"] = True
     body["model"] = model
     body["messages"] = [chat_message(m, i) for i, m in enumerate(req.messages)]
     if req.tools:
@@ -256,11 +261,58 @@ class CompletionStream:
             return piece
         self.done = True
         reason = "length" if event.get("stop_type") == "limit" else "stop"
-        final = Chunk(done=True, done_reason=reason, **timing_counts(event.get("timings")))
+        word = str(event.get("stopping_word") or "") if event.get("stop_type") == "word" else ""
+        final = Chunk(
+            done=True, done_reason=reason, stop_sequence=word,
+            **timing_counts(event.get("timings")),
+        )  # fmt: skip
         return [*piece, final]
 
     def finish(self) -> list[Chunk]:
         return []
+
+
+def stop_sequences(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ``stop`` option as a tuple of non-empty sequences."""
+    stop = options.get("stop")
+    words = [stop] if isinstance(stop, str) else list(stop or ())
+    return tuple(str(w) for w in words if w)
+
+
+@dataclass
+class StopMatcher:
+    """Stop sequences found in an answer's text as it streams: the text before the first
+    match is sent, the match and what follows never are, and a tail that could still
+    become a match is held back until the next piece says (as llama.cpp does)."""
+
+    sequences: tuple[str, ...]
+    matched: str = ""
+    _held: str = ""
+
+    def feed(self, piece: str) -> str:
+        """The part of ``piece`` (after any held text) that may be sent now."""
+        text = self._held + piece
+        found = [(text.find(s), n, s) for n, s in enumerate(self.sequences) if s in text]
+        if found:
+            at, _, self.matched = min(found)
+            self._held = ""
+            return text[:at]
+        keep = max((_overlap(text, s) for s in self.sequences), default=0)
+        self._held = text[len(text) - keep :]
+        return text[: len(text) - keep]
+
+    def flush(self) -> str:
+        """The held tail, once the answer ended without a match."""
+        held, self._held = self._held, ""
+        return held
+
+
+def _overlap(text: str, sequence: str) -> int:
+    """The length of the longest end of ``text`` that begins ``sequence`` (shorter than it)."""
+    for n in range(min(len(text), len(sequence) - 1), 0, -1):
+        if text.endswith(sequence[:n]):
+            return n
+    return 0
 
 
 @dataclass
@@ -274,27 +326,44 @@ class _CallDeltas:
 
 @dataclass
 class ChatStream:
-    """Parses ``/v1/chat/completions`` stream events; tool calls are joined from deltas."""
+    """Parses ``/v1/chat/completions`` stream events; tool calls are joined from deltas.
+
+    ``stop``: the request's stop sequences, matched in the answer's text here (the request
+    to llama.cpp leaves them out, see :func:`chat_request`); at a match the stream is
+    ``done`` at once, and its reader closes the runner stream, which stops llama.cpp."""
 
     done: bool = False
     top_logprobs: int = 0
+    stop: tuple[str, ...] = ()
     _finish_reason: str | None = None
     _timings: Mapping[str, Any] | None = None
     _calls: dict[int, _CallDeltas] = field(default_factory=dict)
+    _matcher: StopMatcher | None = None
+
+    def __post_init__(self) -> None:
+        if self.stop:
+            self._matcher = StopMatcher(self.stop)
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         raise_for_error(event)
+        if self.done:
+            return []
         if event.get("timings"):
             self._timings = event["timings"]
         chunks: list[Chunk] = []
         for choice in event.get("choices") or ():
             delta = choice.get("delta") or {}
             content = delta.get("content") or ""
+            if content and self._matcher is not None:
+                content = self._matcher.feed(content)
             thinking = delta.get("reasoning_content") or ""
             probabilities = (choice.get("logprobs") or {}).get("content")
             logprobs = ollama_logprobs(probabilities, self.top_logprobs)
             if content or thinking or logprobs:
                 chunks.append(Chunk(content=content, thinking=thinking, logprobs=logprobs))
+            if self._matcher is not None and self._matcher.matched:
+                self._finish_reason = "stop"
+                return chunks + self.finish()
             for call in delta.get("tool_calls") or ():
                 self._add_tool_delta(call)
             if choice.get("finish_reason"):
@@ -314,11 +383,17 @@ class ChatStream:
             return []
         self.done = True
         chunks = []
+        matched = self._matcher.matched if self._matcher is not None else ""
+        held = self._matcher.flush() if self._matcher is not None else ""
+        if held:
+            chunks.append(Chunk(content=held))
         if self._calls:
             calls = [self._calls[i] for i in sorted(self._calls)]
             chunks.append(Chunk(tool_calls=[_tool_call(c) for c in calls]))
         reason = "length" if self._finish_reason == "length" else "stop"
-        chunks.append(Chunk(done=True, done_reason=reason, **timing_counts(self._timings)))
+        chunks.append(Chunk(
+            done=True, done_reason=reason, stop_sequence=matched, **timing_counts(self._timings),
+        ))  # fmt: skip
         return chunks
 
 
