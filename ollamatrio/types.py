@@ -96,6 +96,19 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call as the model writes it: the call's place among the answer's
+    calls, its id and name when it starts, then pieces of its arguments' JSON text.  Only
+    dialects that stream calls as they are written read these; every call also comes whole
+    (``Chunk.tool_calls``) once the answer is complete."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
 class Message:
     """One turn of a conversation."""
 
@@ -180,6 +193,7 @@ class Chunk:
     content: str = ""
     thinking: str = ""
     tool_calls: Sequence[ToolCall] = ()  # the calls the model asked for
+    tool_call_deltas: Sequence[ToolCallDelta] = ()  # those calls as they are being written
     # Ollama's logprobs of the tokens in this piece: {token, logprob, bytes, top_logprobs?}
     logprobs: Sequence[Mapping[str, Any]] = ()
     done: bool = False

@@ -225,7 +225,7 @@ TIMINGS = Timings(
 def answer(**fields: Any) -> Answer:
     base: dict[str, Any] = {
         "content": "", "thinking": "", "tool_calls": (), "logprobs": (), "done_reason": "stop",
-        "context": (), "timings": TIMINGS,
+        "stop_sequence": "", "context": (), "timings": TIMINGS,
     }  # fmt: skip
     return Answer(**{**base, **fields})
 

@@ -40,7 +40,7 @@ from ollamatrio.errors import (
     RunnerError,
     RunnerStartError,
 )
-from ollamatrio.types import Chunk, CompletionRequest, LoadSpec, Message, ToolCall
+from ollamatrio.types import Chunk, CompletionRequest, LoadSpec, Message, ToolCall, ToolCallDelta
 
 TinyGGUF = Callable[..., Path]
 GREEDY = {"temperature": 0, "seed": 42}
@@ -350,7 +350,12 @@ def test_chat_stream_joins_tool_call_deltas() -> None:
         {"choices": [{"delta": {}, "finish_reason": "tool_calls"}], "timings": TIMINGS},
     ]
     chunks = [chunk for event in events for chunk in stream.feed(event)]
-    assert chunks == [Chunk(thinking="think"), Chunk(content="Hi")]
+    assert chunks == [
+        Chunk(thinking="think"), Chunk(content="Hi"),
+        Chunk(tool_call_deltas=[ToolCallDelta(0, "c1", "get")]),
+        Chunk(tool_call_deltas=[ToolCallDelta(0, arguments='{"a":')]),
+        Chunk(tool_call_deltas=[ToolCallDelta(0, arguments=" 1}")]),
+    ]  # fmt: skip
     assert not stream.done
     assert stream.finish() == [
         Chunk(tool_calls=[ToolCall("get", {"a": 1}, id="c1")]),
@@ -373,7 +378,8 @@ def test_chat_stream_tool_calls_become_records_in_their_order() -> None:
         delta({"index": 1, "function": {"arguments": "}"}}),
         {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
     ]
-    assert [chunk for event in events for chunk in stream.feed(event)] == []
+    chunks = [chunk for event in events for chunk in stream.feed(event)]
+    assert [delta.index for chunk in chunks for delta in chunk.tool_call_deltas] == [1, 0, 2, 1]
     calls, final = stream.finish()
     assert calls.tool_calls == [
         ToolCall("first", {}),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from ollamatrio.errors import InvalidRequestError
-from ollamatrio.types import Chunk, CompletionRequest, Message, ToolCall
+from ollamatrio.types import Chunk, CompletionRequest, Message, ToolCall, ToolCallDelta
 
 # Ollama option -> (llama.cpp request field, Ollama's default).
 SAMPLING_OPTIONS: dict[str, tuple[str, Any]] = {
@@ -364,18 +364,22 @@ class ChatStream:
             if self._matcher is not None and self._matcher.matched:
                 self._finish_reason = "stop"
                 return chunks + self.finish()
-            for call in delta.get("tool_calls") or ():
-                self._add_tool_delta(call)
+            calls = [self._add_tool_delta(call) for call in delta.get("tool_calls") or ()]
+            if calls:
+                chunks.append(Chunk(tool_call_deltas=calls))
             if choice.get("finish_reason"):
                 self._finish_reason = choice["finish_reason"]
         return chunks
 
-    def _add_tool_delta(self, delta: Mapping[str, Any]) -> None:
-        call = self._calls.setdefault(int(delta.get("index", len(self._calls))), _CallDeltas())
+    def _add_tool_delta(self, delta: Mapping[str, Any]) -> ToolCallDelta:
+        index = int(delta.get("index", len(self._calls)))
+        call = self._calls.setdefault(index, _CallDeltas())
         call.id = delta.get("id") or call.id
         function = delta.get("function") or {}
-        call.name += function.get("name") or ""
-        call.arguments += function.get("arguments") or ""
+        name, arguments = function.get("name") or "", function.get("arguments") or ""
+        call.name += name
+        call.arguments += arguments
+        return ToolCallDelta(index, delta.get("id") or "", name, arguments)
 
     def finish(self) -> list[Chunk]:
         """The closing chunks, once the stream has ended (``[DONE]``)."""
