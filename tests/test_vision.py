@@ -71,6 +71,10 @@ def test_the_tiny_png_is_a_png() -> None:
         ("not base64!", "invalid image 3: not valid base64"),
         (base64.b64encode(b"hello world").decode(), "invalid image 3: not a PNG, JPEG"),
         ("", "invalid image 3: not a PNG, JPEG"),
+        (
+            base64.b64encode(b"RIFF\x24\x00\x00\x00WEBPVP8 ").decode(),
+            "invalid image 3: WebP is not supported; send it as PNG, JPEG, GIF or BMP",
+        ),
     ],
 )
 def test_a_broken_image_is_named(image: str, message: str) -> None:
