@@ -179,6 +179,10 @@ class CompletionRequest:
     # Messages: drop the oldest (never system messages, never the latest) until the rendered
     # conversation fits the context, as Ollama's chatPrompt does.
     truncate: bool = True
+    # Name the stop sequence that ended the answer on the final chunk (``stop_sequence``).
+    # A prompt's always does (llama.cpp reports it); a chat's only when asked, since
+    # llama.cpp's chat stream does not say, and matching them here costs every token.
+    report_stop: bool = False
     # /api/generate's deprecated ``context``: token ids of an earlier prompt and answer to
     # continue from (detokenized in front of this prompt, as Ollama does), and whether the
     # final chunk should carry this prompt and answer as token ids.

@@ -153,6 +153,7 @@ def test_sampling_fields_are_options() -> None:
     }  # fmt: skip
     assert req.stream is False
     assert request(stream=True).stream is True
+    assert req.report_stop  # stop_reason "stop_sequence" needs the sequence matched
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import signal
 import stat
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -312,8 +313,6 @@ def test_chat_stream_matches_stop_sequences(pieces: list[str], sent: str, matche
     """llama.cpp's chat stream cannot say which sequence stopped it, so they are matched
     here: the text up to the match, the match itself on the final chunk, counts from the
     last timings seen (the request asks for them on every event)."""
-    assert "stop" not in chat_request(CompletionRequest(messages=[], options={"stop": ["x"]}),
-                                      2048, "m")[1]  # fmt: skip
     stream = ChatStream(stop=("STOP", "5", "END"))
     chunks = []
     for piece in pieces:
@@ -328,6 +327,19 @@ def test_chat_stream_matches_stop_sequences(pieces: list[str], sent: str, matche
         done=True, done_reason="stop", stop_sequence=matched, **timing_counts(TIMINGS)
     )
     assert stream.feed({"choices": [{"delta": {"content": "more"}}]}) == []
+
+
+def test_a_chat_that_reports_its_stop_sequence_matches_them_itself() -> None:
+    """Only a request whose dialect names the matched sequence leaves the sequences out of
+    llama.cpp's request (and asks for timings on every event, for the counts at a match);
+    the others keep llama.cpp's own stopping."""
+    request = CompletionRequest(messages=[], options={"stop": ["x"]})
+    _, plain = chat_request(request, 2048, "m")
+    assert plain["stop"] == ["x"]
+    assert "timings_per_token" not in plain
+    _, reporting = chat_request(replace(request, report_stop=True), 2048, "m")
+    assert "stop" not in reporting
+    assert reporting["timings_per_token"] is True
 
 
 def test_chat_stream_joins_tool_call_deltas() -> None:

@@ -96,6 +96,7 @@ def _chat_request(body: Mapping[str, Any], model: str) -> ChatRequest:
         options=sampling_options(body),
         think=thinking(body.get("thinking")),
         stream=get_bool(body, "stream", False),
+        report_stop=True,  # stop_reason "stop_sequence" names it
     )
 
 

@@ -98,7 +98,7 @@ def chat_request(
     if req.messages is None:
         raise InvalidRequestError("a chat needs messages")
     body = sampling_fields(req.options, context_length)
-    if body.pop("stop", None):
+    if req.report_stop and body.pop("stop", None):
         # llama.cpp's chat stream does not say which stop sequence ended an answer, so the
         # sequences are matched here (ChatStream); timings on every event keep the counts
         # when the stream is closed at a match.
@@ -288,6 +288,14 @@ class StopMatcher:
     sequences: tuple[str, ...]
     matched: str = ""
     _held: str = ""
+    # For each character, the beginnings of sequences that end with it, longest first: a
+    # piece's tail is checked against only those (most pieces: none).
+    _prefixes: dict[str, list[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        prefixes = {s[:n] for s in self.sequences for n in range(1, len(s))}
+        for prefix in sorted(prefixes, key=len, reverse=True):
+            self._prefixes.setdefault(prefix[-1], []).append(prefix)
 
     def feed(self, piece: str) -> str:
         """The part of ``piece`` (after any held text) that may be sent now."""
@@ -297,7 +305,9 @@ class StopMatcher:
             at, _, self.matched = min(found)
             self._held = ""
             return text[:at]
-        keep = max((_overlap(text, s) for s in self.sequences), default=0)
+        keep = 0
+        if text:
+            keep = next((len(p) for p in self._prefixes.get(text[-1], ()) if text.endswith(p)), 0)
         self._held = text[len(text) - keep :]
         return text[: len(text) - keep]
 
@@ -305,14 +315,6 @@ class StopMatcher:
         """The held tail, once the answer ended without a match."""
         held, self._held = self._held, ""
         return held
-
-
-def _overlap(text: str, sequence: str) -> int:
-    """The length of the longest end of ``text`` that begins ``sequence`` (shorter than it)."""
-    for n in range(min(len(text), len(sequence) - 1), 0, -1):
-        if text.endswith(sequence[:n]):
-            return n
-    return 0
 
 
 @dataclass

@@ -144,7 +144,8 @@ class RunnerClient:
             request = await self._fitted(request)
             path, body = chat_request(request, self.context_length, self._name)
             parser: ChatStream | CompletionStream = ChatStream(
-                top_logprobs=request.top_logprobs, stop=stop_sequences(request.options)
+                top_logprobs=request.top_logprobs,
+                stop=stop_sequences(request.options) if request.report_stop else (),
             )
         else:
             path, body = completion_request(request, self.context_length)
