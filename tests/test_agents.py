@@ -26,13 +26,17 @@ TOOLS_TEMPLATE = (
 )
 
 
-def agent_binary(variable: str, command: str, product: str) -> str:
-    """The agent's CLI: ``$variable`` or ``command`` on PATH; skip when it or node is
-    missing (both CLIs are node packages)."""
-    found = os.environ.get(variable) or shutil.which(command)
-    if not found or not shutil.which("node"):
-        pytest.skip(f"{product} ({command}) or node is not installed; set {variable}")
-    return found
+def agent(variable: str, command: str, product: str) -> tuple[str, pytest.MarkDecorator]:
+    """The agent's CLI (``$variable``, or ``command`` on PATH) and the mark that skips its
+    test, with the reason, when it or node is missing (both CLIs are node packages)."""
+    found = os.environ.get(variable) or shutil.which(command) or ""
+    missing = not found or not shutil.which("node")
+    reason = f"{product} ({command}) or node is not installed; or set {variable}"
+    return found, pytest.mark.skipif(missing, reason=reason)
+
+
+CLAUDE, needs_claude = agent("OLLAMATRIO_CLAUDE", "claude", "Claude Code")
+CODEX, needs_codex = agent("OLLAMATRIO_CODEX", "codex", "Codex CLI")
 
 
 async def create_tools_model(url: str, name: str) -> None:
@@ -46,8 +50,8 @@ async def create_tools_model(url: str, name: str) -> None:
         assert created.status_code == 200, created.text
 
 
+@needs_claude
 async def test_claude_code_one_shot_prompt(api_server, smollm2_path: Path, tmp_path: Path) -> None:
-    claude = agent_binary("OLLAMATRIO_CLAUDE", "claude", "Claude Code")
     with trio.fail_after(600):
         async with api_server(
             engines=ProcessEngineFactory(load_timeout=120), models={"smol": smollm2_path}
@@ -60,15 +64,15 @@ async def test_claude_code_one_shot_prompt(api_server, smollm2_path: Path, tmp_p
                 "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "32",
             }  # fmt: skip
             result = await trio.run_process(
-                [claude, "-p", "Say hello.", "--model", "smol-tools"],
+                [CLAUDE, "-p", "Say hello.", "--model", "smol-tools"],
                 env=env, cwd=tmp_path, capture_stdout=True, capture_stderr=True, check=False,
             )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr).decode()
     assert result.stdout.decode().strip()
 
 
+@needs_codex
 async def test_codex_one_shot_prompt(api_server, smollm2_path: Path, tmp_path: Path) -> None:
-    codex = agent_binary("OLLAMATRIO_CODEX", "codex", "Codex CLI")
     with trio.fail_after(600):
         async with api_server(
             engines=ProcessEngineFactory(load_timeout=120), models={"smol": smollm2_path}
@@ -77,7 +81,7 @@ async def test_codex_one_shot_prompt(api_server, smollm2_path: Path, tmp_path: P
             await create_tools_model(srv.url, "smol-tools:latest")
             env = {**os.environ, "HOME": str(tmp_path), "CODEX_OSS_BASE_URL": f"{srv.url}/v1"}
             result = await trio.run_process(
-                [codex, "exec", "--oss", "--local-provider", "ollama", "-m", "smol-tools:latest",
+                [CODEX, "exec", "--oss", "--local-provider", "ollama", "-m", "smol-tools:latest",
                  "--skip-git-repo-check", "Say hello."],
                 env=env, cwd=tmp_path, capture_stdout=True, capture_stderr=True, check=False,
             )  # fmt: skip
