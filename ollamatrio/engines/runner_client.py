@@ -32,6 +32,7 @@ from ollamatrio.engines.llamacpp_wire import (
     embedding_vectors,
     is_embedding_input_limit,
     raise_for_error,
+    stop_sequences,
 )
 from ollamatrio.engines.runner_http import RunnerConnectionError, RunnerHttp, RunnerStatusError
 from ollamatrio.errors import CapabilityError, InvalidRequestError, OutOfMemoryError, RunnerError
@@ -148,7 +149,10 @@ class RunnerClient:
         if request.messages is not None:
             request = await self._fitted(request)
             path, body = chat_request(request, self.context_length, self._name)
-            parser: ChatStream | CompletionStream = ChatStream(top_logprobs=request.top_logprobs)
+            parser: ChatStream | CompletionStream = ChatStream(
+                top_logprobs=request.top_logprobs,
+                stop=stop_sequences(request.options) if request.report_stop else (),
+            )
         else:
             path, body = completion_request(request, self.context_length)
             if path == "/completion":
