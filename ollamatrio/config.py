@@ -51,6 +51,9 @@ DEFAULT_ORIGINS: tuple[str, ...] = (
 
 
 DEFAULT_RESPONSES_TTL = 30 * 24 * 3600.0  # seconds: as long as OpenAI keeps them
+# MiB of slot states kept on disk for runners that come back (slot_cache/); a 12k-token
+# prompt of an 8B model with an f16 KV cache is about 1.5 GiB of state.
+DEFAULT_PROMPT_DISK_CACHE_MIB = 4096
 
 
 def _default_models_dir() -> Path:
@@ -99,6 +102,9 @@ class Settings:
     data_dir: Path | None = None
     # OLLAMATRIO_RESPONSES_TTL: how long a stored response is kept; math.inf = forever.
     responses_ttl: float = DEFAULT_RESPONSES_TTL
+    # OLLAMATRIO_PROMPT_DISK_CACHE: MiB of prompt states saved when runners unload and
+    # restored when they load again (in state_dir/prompt-cache); 0 turns it off.
+    prompt_disk_cache_mib: int = DEFAULT_PROMPT_DISK_CACHE_MIB
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -167,6 +173,9 @@ class Settings:
             responses_ttl=_env_duration(
                 env, "OLLAMATRIO_RESPONSES_TTL", DEFAULT_RESPONSES_TTL, zero_is_inf=True
             ),
+            prompt_disk_cache_mib=_env_uint(
+                env, "OLLAMATRIO_PROMPT_DISK_CACHE", DEFAULT_PROMPT_DISK_CACHE_MIB
+            ),
         )
 
     @property
@@ -174,6 +183,16 @@ class Settings:
         """Where the server keeps its own state: OLLAMATRIO_DATA, else ``ollamatrio``
         beside the model store."""
         return self.data_dir if self.data_dir is not None else self.models_dir.parent / "ollamatrio"
+
+    @property
+    def prompt_disk_cache(self) -> int:
+        """The on-disk prompt cache's bound in bytes (0: off)."""
+        return self.prompt_disk_cache_mib << 20
+
+    @property
+    def prompt_disk_cache_dir(self) -> Path:
+        """The on-disk prompt cache's private folder, in the server's state folder."""
+        return self.state_dir / "prompt-cache"
 
     @property
     def url(self) -> str:

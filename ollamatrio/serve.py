@@ -34,6 +34,7 @@ from .log import configure_logging
 from .model_config import ConfigError, ModelConfig, load_model_config
 from .runner.folders import remove_stale_runner_folders
 from .scheduler import open_scheduler
+from .slot_cache import SlotCache
 from .store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,16 @@ def check_models_dir(models_dir: Path) -> None:
             raise StartupError(f"open {path}: {_reason(exc)}") from exc
 
 
+async def sweep_prompt_cache(settings: Settings) -> None:
+    """The on-disk prompt cache as the last server left it: saves cut short, states of
+    deleted models, and everything over the bound (all of it when the cache is off) go."""
+    cache = SlotCache(settings.prompt_disk_cache_dir, settings.prompt_disk_cache)
+    try:
+        await trio.to_thread.run_sync(cache.sweep)
+    except OSError as exc:
+        log.warning("prompt cache: could not tidy %s: %s", cache.folder, exc)
+
+
 def hypercorn_config(settings: Settings, listener: socket.socket | None = None) -> HypercornConfig:
     """Hypercorn's settings; with ``listener``, it serves that socket instead of binding."""
     config = HypercornConfig()
@@ -173,6 +184,7 @@ async def serve(
     await warn_missing_models(store, model_config)
     # Runners killed together with an earlier server left their folders behind.
     await trio.to_thread.run_sync(remove_stale_runner_folders)
+    await sweep_prompt_cache(settings)
     if devices is None and engines is None:
         devices = await engine_device_source(settings)  # logs the engine's backends once
     stopping = trio.Event()

@@ -96,6 +96,19 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call as the model writes it: the call's place among the answer's
+    calls, its id and name when it starts, then pieces of its arguments' JSON text.  Only
+    dialects that stream calls as they are written read these; every call also comes whole
+    (``Chunk.tool_calls``) once the answer is complete."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
 class Message:
     """One turn of a conversation."""
 
@@ -166,6 +179,10 @@ class CompletionRequest:
     # Messages: drop the oldest (never system messages, never the latest) until the rendered
     # conversation fits the context, as Ollama's chatPrompt does.
     truncate: bool = True
+    # Name the stop sequence that ended the answer on the final chunk (``stop_sequence``).
+    # A prompt's always does (llama.cpp reports it); a chat's only when asked, since
+    # llama.cpp's chat stream does not say, and matching them here costs every token.
+    report_stop: bool = False
     # /api/generate's deprecated ``context``: token ids of an earlier prompt and answer to
     # continue from (detokenized in front of this prompt, as Ollama does), and whether the
     # final chunk should carry this prompt and answer as token ids.
@@ -180,10 +197,12 @@ class Chunk:
     content: str = ""
     thinking: str = ""
     tool_calls: Sequence[ToolCall] = ()  # the calls the model asked for
+    tool_call_deltas: Sequence[ToolCallDelta] = ()  # those calls as they are being written
     # Ollama's logprobs of the tokens in this piece: {token, logprob, bytes, top_logprobs?}
     logprobs: Sequence[Mapping[str, Any]] = ()
     done: bool = False
     done_reason: str | None = None  # "stop" | "length"
+    stop_sequence: str = ""  # on the final chunk: the stop sequence that ended the answer
     prompt_eval_count: int = 0
     prompt_eval_duration: int = 0  # ns
     eval_count: int = 0

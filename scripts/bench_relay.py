@@ -25,9 +25,19 @@ says whether the relay keeps pace with the runner, not who wins the cores.
 ``--mixed``: every API request is an ``/api/show`` and then a streamed ``/api/chat`` on the
 same keep-alive connection (the official clients' pattern); CPU per token includes the show.
 
-Columns: server CPU µs per relayed token (its kernel share); TTFT p50/p99 (request sent ->
-first token) through the API and direct; aggregate tokens/s through the API and direct, and
-their ratio (medians over rounds).
+``--against-ollama``: the reference Ollama (``scripts/ollama_ref.py``: release 0.24 from
+``../shared/ollama/``, unpacked into a temporary folder) serves the same model, created in
+its own store from the same GGUF, as one more API path with its rounds interleaved; a second
+table gives the ratios ollamatrio / Ollama, and both servers' start-up time (process start to
+first answer) and idle memory (the process tree's RSS before any model is loaded).  Ollama
+has no ``ignore_eos``: the tiny model's weights are chosen so that greedy decoding meets no
+end-of-sequence token (seed 2, checked to 250 tokens), and ``--model`` (for example SmolLM2)
+must be one whose answer to the prompt runs to ``--tokens``.
+
+Columns: server CPU µs per relayed token (its kernel share); the same for the server's
+whole process tree, its runners included (the model's own work: what a user's machine pays
+per token); TTFT p50/p99 (request sent -> first token) through the API and direct;
+aggregate tokens/s through the API and direct, and their ratio (medians over rounds).
 """
 
 from __future__ import annotations
@@ -35,18 +45,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import psutil
 import trio
+from ollama_ref import (
+    find_tarball,
+    free_port,
+    running_ollama,
+    tree_cpu,
+    tree_rss,
+    wait_answering,
+)
 
 from ollamatrio.engines.llamacpp_wire import completion_request
 from ollamatrio.engines.process import ProcessEngine, ProcessEngineFactory
@@ -64,12 +82,7 @@ class Round:
     wall: float
     server_cpu: float = 0.0
     server_sys: float = 0.0  # the kernel's share of server_cpu (socket system calls)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    tree_cpu: float = 0.0  # the server and its runners
 
 
 def options(tokens: int, threads: int) -> dict[str, object]:
@@ -111,6 +124,10 @@ async def api_stream(
             if piece and (not mixed or piece.get("content")):
                 count += 1
                 ttft = ttft or time.perf_counter() - start
+            if obj.get("done"):
+                # Tokens decoded, as the server counts them: a token that ends inside a
+                # multi-byte character sends no text of its own (Ollama holds it back).
+                count = obj.get("eval_count", count)
     return ttft, count
 
 
@@ -160,14 +177,16 @@ class Server:
     pid: int
     clients: list[httpx.AsyncClient]
     rounds: dict[int, list[Round]]
+    started_in: float = 0.0  # seconds from process start to first answer
+    idle_rss: int = 0  # bytes, the process tree before any model is loaded
 
 
 async def start_server(
     nursery: trio.Nursery, store: ModelStore, most: int, code: str | None, profile: str | None,
-    *, task_status: trio.TaskStatus[tuple[int, int]] = trio.TASK_STATUS_IGNORED,
+    *, task_status: trio.TaskStatus[tuple[int, int, float]] = trio.TASK_STATUS_IGNORED,
 ) -> None:  # fmt: skip
     """Run a server (``code``: another checkout's package) until cancelled; started() gets
-    its port and pid."""
+    its port, pid and start-up time, once it answers."""
     port = free_port()
     env = dict(
         os.environ,
@@ -179,6 +198,7 @@ async def start_server(
     )
     if code:  # serve another checkout's code (A/B against an older version)
         env["PYTHONPATH"] = code  # an absolute path
+    started = time.perf_counter()
     server = await trio.lowlevel.open_process(
         [sys.executable, "-m", "ollamatrio", "serve"],
         env=env,
@@ -194,7 +214,8 @@ async def start_server(
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
     try:
-        task_status.started((port, server.pid))
+        started_in = await wait_answering(f"http://127.0.0.1:{port}", started)
+        task_status.started((port, server.pid, started_in))
         await trio.sleep_forever()
     finally:
         with trio.CancelScope(shield=True):
@@ -213,23 +234,48 @@ async def main(args: argparse.Namespace) -> None:
     most = max(stream_counts)
     with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp:
         root = Path(tmp)
-        model = write_tiny_gguf(root / "tiny.gguf", layers=2, embd=64, vocab=300, ctx=4096)
+        if args.model is not None:
+            model = args.model.resolve()
+        else:
+            # Seed 2: greedy decoding meets no end-of-sequence token (see --against-ollama).
+            model = write_tiny_gguf(
+                root / "tiny.gguf", layers=2, embd=64, vocab=300, ctx=4096, seed=2
+            )
         store = ModelStore(root / "models")
         for _ in import_gguf(store, "tiny", model):
             pass
-        async with trio.open_nursery() as nursery:
+        async with AsyncExitStack() as stack:
+            nursery = await stack.enter_async_context(trio.open_nursery())
             servers = []
             for name, code, profile in (
                 ("after", args.server_path, args.profile),
                 ("before", args.before, None),
             ):
                 if name == "after" or code:
-                    port, pid = await nursery.start(
+                    port, pid, started_in = await nursery.start(
                         start_server, nursery, store, most, code, profile
                     )
                     url = f"http://127.0.0.1:{port}"
                     clients = [httpx.AsyncClient(base_url=url, timeout=120) for _ in range(most)]
-                    servers.append(Server(name, url, pid, clients, {}))
+                    servers.append(Server(name, url, pid, clients, {}, started_in))
+            if args.against_ollama:
+                env = {
+                    "OLLAMA_NUM_PARALLEL": str(most),
+                    "OLLAMA_KEEP_ALIVE": "-1",
+                    "OLLAMA_MAX_QUEUE": "4096",
+                }
+                ollama = await stack.enter_async_context(
+                    running_ollama(
+                        find_tarball(args.ollama_tarball), args.ollama_port or free_port(), env
+                    )
+                )
+                await ollama.create("tiny", f"FROM {model}\n")
+                clients = [httpx.AsyncClient(base_url=ollama.url, timeout=120) for _ in range(most)]
+                servers.append(
+                    Server("ollama", ollama.url, ollama.pid, clients, {}, ollama.started_in)
+                )
+            for server in servers:
+                server.idle_rss = tree_rss(server.pid)
             await measure(args, stream_counts, most, model, servers)
             nursery.cancel_scope.cancel()
 
@@ -293,9 +339,9 @@ async def measure(
             for _ in range(args.rounds):
                 for server in servers:
                     process = psutil.Process(server.pid)
-                    before = process.cpu_times()
+                    before, tree_before = process.cpu_times(), tree_cpu(server.pid)
                     r = await run_round(streams, via_api(server))
-                    after = process.cpu_times()
+                    after, r.tree_cpu = process.cpu_times(), tree_cpu(server.pid) - tree_before
                     r.server_sys = after.system - before.system
                     r.server_cpu = (after.user - before.user) + r.server_sys
                     server.rounds.setdefault(streams, []).append(r)
@@ -337,43 +383,101 @@ def set_affinity(pid: int, cpus: set[int]) -> None:
             pass  # a thread that just ended
 
 
+@dataclass
+class Row:
+    """One server's medians at one stream count."""
+
+    cpu: float  # server process µs per token
+    kernel: float  # its kernel share
+    tree: float  # server + runners, µs per token
+    p50: float  # TTFT seconds
+    p99: float
+    tps: float  # aggregate tokens/s
+    tokens: float  # tokens per request (mean)
+
+
+def summarize(rounds: list[Round]) -> Row:
+    relayed = sum(r.tokens for r in rounds)
+    ttfts = [t for r in rounds for t in r.ttfts]
+    return Row(
+        cpu=sum(r.server_cpu for r in rounds) / relayed * 1e6,
+        kernel=sum(r.server_sys for r in rounds) / relayed * 1e6,
+        tree=sum(r.tree_cpu for r in rounds) / relayed * 1e6,
+        p50=statistics.median(ttfts),
+        p99=pct(ttfts, 0.99),
+        tps=statistics.median(r.tokens / r.wall for r in rounds),
+        tokens=relayed / len(ttfts),
+    )
+
+
 def report(
     args: argparse.Namespace, stream_counts: list[int], servers: list[Server],
     direct: dict[int, list[Round]],
 ) -> None:  # fmt: skip
     names = " / ".join(s.name for s in servers)
     print(
-        f"tiny model, {args.tokens} tokens per request, {args.rounds} rounds per row, "
-        f"llama.cpp threads {args.threads}, one keep-alive client per stream"
+        f"{args.model.name if args.model else 'tiny model'}, {args.tokens} tokens per request, "
+        f"{args.rounds} rounds per row, llama.cpp threads {args.threads}, one keep-alive "
+        f"client per stream"
         f"{' (mixed: /api/show, then a streamed /api/chat)' if args.mixed else ''}; "
         f"API columns: {names}"
     )
     print(
-        f"| streams | server CPU µs/token (kernel), {names} | TTFT p50 ms {names} / direct "
-        f"| TTFT p99 ms {names} / direct | tokens/s {names} / direct (ratios) |"
+        f"| streams | server CPU µs/token (kernel), {names} | server + runners CPU µs/token "
+        f"{names} | TTFT p50 ms {names} / direct | TTFT p99 ms {names} / direct "
+        f"| tokens/s {names} / direct (ratios) |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
+    rows: dict[int, list[Row]] = {}
     for streams in stream_counts:
-        cpu, p50, p99, tps = [], [], [], []
-        direct_tps = statistics.median(r.tokens / r.wall for r in direct[streams])
-        for server in servers:
-            rounds = server.rounds[streams]
-            relayed = sum(r.tokens for r in rounds)
-            user_sys = sum(r.server_cpu for r in rounds) / relayed * 1e6
-            kernel = sum(r.server_sys for r in rounds) / relayed * 1e6
-            cpu.append(f"{user_sys:.1f} ({kernel:.1f})")
-            ttfts = [t for r in rounds for t in r.ttfts]
-            p50.append(f"{statistics.median(ttfts) * 1e3:.2f}")
-            p99.append(f"{pct(ttfts, 0.99) * 1e3:.2f}")
-            tps.append(statistics.median(r.tokens / r.wall for r in rounds))
-        direct_ttfts = [t for r in direct[streams] for t in r.ttfts]
-        p50.append(f"{statistics.median(direct_ttfts) * 1e3:.2f}")
-        p99.append(f"{pct(direct_ttfts, 0.99) * 1e3:.2f}")
-        ratios = ", ".join(f"{t / direct_tps:.3f}" for t in tps)
+        rows[streams] = [summarize(server.rounds[streams]) for server in servers]
+        own = rows[streams]
+        d = summarize(direct[streams])
+        cpu = " / ".join(f"{r.cpu:.1f} ({r.kernel:.1f})" for r in own)
+        tree = " / ".join(f"{r.tree:.0f}" for r in own)
+        p50 = " / ".join(f"{r.p50 * 1e3:.2f}" for r in [*own, d])
+        p99 = " / ".join(f"{r.p99 * 1e3:.2f}" for r in [*own, d])
+        ratios = ", ".join(f"{r.tps / d.tps:.3f}" for r in own)
+        tps = " / ".join(f"{r.tps:.0f}" for r in own)
+        print(f"| {streams} | {cpu} | {tree} | {p50} | {p99} | {tps} / {d.tps:.0f} ({ratios}) |")
+    if servers[-1].name == "ollama":
+        report_against_ollama(stream_counts, servers, rows)
+
+
+def report_against_ollama(
+    stream_counts: list[int], servers: list[Server], rows: dict[int, list[Row]]
+) -> None:
+    """ollamatrio (the first server) over Ollama (the last): below 1 is ollamatrio's lead,
+    except for tokens/s, where above 1 is."""
+    ours, theirs = servers[0], servers[-1]
+    print()
+    print("ratios ollamatrio / Ollama (same run, rounds interleaved)")
+    print(
+        "| streams | server CPU/token | server + runners CPU/token | TTFT p50 | TTFT p99 "
+        "| tokens/s | tokens per request, ollamatrio / Ollama |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for streams in stream_counts:
+        a, b = rows[streams][0], rows[streams][-1]
         print(
-            f"| {streams} | {' / '.join(cpu)} | {' / '.join(p50)} | {' / '.join(p99)} "
-            f"| {' / '.join(f'{t:.0f}' for t in tps)} / {direct_tps:.0f} ({ratios}) |"
+            f"| {streams} | {ratio(a.cpu, b.cpu)} | {ratio(a.tree, b.tree)} "
+            f"| {ratio(a.p50, b.p50)} | {ratio(a.p99, b.p99)} | {ratio(a.tps, b.tps)} "
+            f"| {a.tokens:.0f} / {b.tokens:.0f} |"
         )
+    print(
+        f"| start-up s (to first answer) | {ours.started_in:.2f} / {theirs.started_in:.2f} "
+        f"= {ratio(ours.started_in, theirs.started_in)} |"
+    )
+    print(
+        f"| idle RSS MiB (process tree) | {ours.idle_rss / 2**20:.0f} / "
+        f"{theirs.idle_rss / 2**20:.0f} = {ratio(ours.idle_rss, theirs.idle_rss)} |"
+    )
+
+
+def ratio(a: float, b: float) -> str:
+    """``a / b``; "n/a" when ``b`` measured nothing (CPU times tick in 10 ms: use more
+    rounds or tokens)."""
+    return f"{a / b:.2f}" if b > 0 else "n/a"
 
 
 if __name__ == "__main__":
@@ -399,4 +503,11 @@ if __name__ == "__main__":
         "--before", type=os.path.abspath,
         help="also serve this checkout's package, side by side, rounds interleaved (A/B)",
     )  # fmt: skip
+    parser.add_argument("--model", type=Path, help="a GGUF to serve instead of the tiny model")
+    parser.add_argument(
+        "--against-ollama", action="store_true",
+        help="also serve the model with the reference Ollama (../shared/ollama), interleaved",
+    )  # fmt: skip
+    parser.add_argument("--ollama-tarball", type=Path, help="the reference Ollama's tarball")
+    parser.add_argument("--ollama-port", type=int, default=0, help="its port (0: a free one)")
     trio.run(main, parser.parse_args())

@@ -1,7 +1,8 @@
 """The real coding agents against a live server with SmolLM2 in a real runner, as a new user
-runs them (docs/api.md records the commands and outcomes).  Skipped unless the CLI is
-installed: ``npm install -g @anthropic-ai/claude-code`` (or ``OLLAMATRIO_CLAUDE`` naming
-its ``claude`` binary).  Slow: Claude Code sends a ~13k-token prompt with its tools."""
+runs them (docs/api.md records the commands and outcomes).  Each is skipped unless its CLI
+is installed: ``npm install -g @anthropic-ai/claude-code`` (or ``OLLAMATRIO_CLAUDE`` naming
+its ``claude`` binary), ``npm install -g @openai/codex`` (or ``OLLAMATRIO_CODEX`` naming its
+``codex`` binary).  Slow: each agent sends a prompt of thousands of tokens with its tools."""
 
 from __future__ import annotations
 
@@ -25,25 +26,37 @@ TOOLS_TEMPLATE = (
 )
 
 
-def claude_binary() -> str:
-    found = os.environ.get("OLLAMATRIO_CLAUDE") or shutil.which("claude")
-    if not found or not shutil.which("node"):
-        pytest.skip("Claude Code (claude) or node is not installed")
-    return found
+def agent(variable: str, command: str, product: str) -> tuple[str, pytest.MarkDecorator]:
+    """The agent's CLI (``$variable``, or ``command`` on PATH) and the mark that skips its
+    test, with the reason, when it or node is missing (both CLIs are node packages)."""
+    found = os.environ.get(variable) or shutil.which(command) or ""
+    missing = not found or not shutil.which("node")
+    reason = f"{product} ({command}) or node is not installed; or set {variable}"
+    return found, pytest.mark.skipif(missing, reason=reason)
 
 
+CLAUDE, needs_claude = agent("OLLAMATRIO_CLAUDE", "claude", "Claude Code")
+CODEX, needs_codex = agent("OLLAMATRIO_CODEX", "codex", "Codex CLI")
+
+
+async def create_tools_model(url: str, name: str) -> None:
+    """SmolLM2 with a template that offers tools, and a context that holds an agent's
+    prompt."""
+    async with httpx.AsyncClient(base_url=url) as c:
+        created = await c.post("/api/create", json={
+            "model": name, "from": "smol", "template": TOOLS_TEMPLATE,
+            "stream": False, "parameters": {"num_ctx": 8192},
+        })  # fmt: skip
+        assert created.status_code == 200, created.text
+
+
+@needs_claude
 async def test_claude_code_one_shot_prompt(api_server, smollm2_path: Path, tmp_path: Path) -> None:
-    claude = claude_binary()
     with trio.fail_after(600):
         async with api_server(
             engines=ProcessEngineFactory(load_timeout=120), models={"smol": smollm2_path}
         ) as srv:
-            async with httpx.AsyncClient(base_url=srv.url) as c:
-                created = await c.post("/api/create", json={
-                    "model": "smol-tools", "from": "smol", "template": TOOLS_TEMPLATE,
-                    "stream": False, "parameters": {"num_ctx": 8192},
-                })  # fmt: skip
-                assert created.status_code == 200, created.text
+            await create_tools_model(srv.url, "smol-tools")
             env = {
                 **os.environ, "HOME": str(tmp_path), "ANTHROPIC_BASE_URL": srv.url,
                 "ANTHROPIC_AUTH_TOKEN": "ollama", "DISABLE_TELEMETRY": "1",
@@ -51,8 +64,26 @@ async def test_claude_code_one_shot_prompt(api_server, smollm2_path: Path, tmp_p
                 "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "32",
             }  # fmt: skip
             result = await trio.run_process(
-                [claude, "-p", "Say hello.", "--model", "smol-tools"],
+                [CLAUDE, "-p", "Say hello.", "--model", "smol-tools"],
                 env=env, cwd=tmp_path, capture_stdout=True, capture_stderr=True, check=False,
             )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr).decode()
     assert result.stdout.decode().strip()
+
+
+@needs_codex
+async def test_codex_one_shot_prompt(api_server, smollm2_path: Path, tmp_path: Path) -> None:
+    with trio.fail_after(600):
+        async with api_server(
+            engines=ProcessEngineFactory(load_timeout=120), models={"smol": smollm2_path}
+        ) as srv:
+            # The full name:tag: Codex pulls a model whose -m is not an /api/tags name.
+            await create_tools_model(srv.url, "smol-tools:latest")
+            env = {**os.environ, "HOME": str(tmp_path), "CODEX_OSS_BASE_URL": f"{srv.url}/v1"}
+            result = await trio.run_process(
+                [CODEX, "exec", "--oss", "--local-provider", "ollama", "-m", "smol-tools:latest",
+                 "--skip-git-repo-check", "Say hello."],
+                env=env, cwd=tmp_path, capture_stdout=True, capture_stderr=True, check=False,
+            )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr).decode()
+    assert result.stdout.decode().strip()  # the model's answer (Codex logs to stderr)

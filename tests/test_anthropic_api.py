@@ -323,3 +323,35 @@ async def test_smollm2_through_the_anthropic_sdk(api_server, smollm2_path: Path)
             assert "".join(texts).strip()
             assert 0 < final.usage.output_tokens <= 8
             assert final.stop_reason in ("end_turn", "max_tokens")
+
+
+@pytest.mark.slow
+async def test_smollm2_stops_on_a_stop_sequence(api_server, smollm2_path: Path) -> None:
+    """A real runner stopped by one of ``stop_sequences``: ``stop_reason`` names it, and
+    ``stop_sequence`` says which, in the one-piece message and in the stream's
+    ``message_delta``; the text ends before the sequence."""
+    messages = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
+    ask: dict[str, Any] = {
+        "model": "smol", "max_tokens": 40, "messages": messages,
+        "stop_sequences": ["never said", "5"], "extra_body": {"temperature": 0},
+    }  # fmt: skip
+    with trio.fail_after(240):
+        async with (
+            api_server(
+                engines=ProcessEngineFactory(load_timeout=120), models={"smol": smollm2_path}
+            ) as srv,
+            sdk(srv.url) as c,
+        ):
+            message = await c.messages.create(**ask)
+            assert message.content[0].type == "text"
+            text = message.content[0].text
+            assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "5")
+            assert "4" in text
+            assert "5" not in text
+            assert 0 < message.usage.output_tokens < 40
+            async with c.messages.stream(**ask) as stream:
+                streamed = "".join([piece async for piece in stream.text_stream])
+                final = await stream.get_final_message()
+            assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "5")
+            assert streamed == text
+            assert final.usage.output_tokens == message.usage.output_tokens

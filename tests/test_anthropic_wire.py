@@ -153,6 +153,7 @@ def test_sampling_fields_are_options() -> None:
     }  # fmt: skip
     assert req.stream is False
     assert request(stream=True).stream is True
+    assert req.report_stop  # stop_reason "stop_sequence" needs the sequence matched
 
 
 @pytest.mark.parametrize(
@@ -225,7 +226,7 @@ TIMINGS = Timings(
 def answer(**fields: Any) -> Answer:
     base: dict[str, Any] = {
         "content": "", "thinking": "", "tool_calls": (), "logprobs": (), "done_reason": "stop",
-        "context": (), "timings": TIMINGS,
+        "stop_sequence": "", "context": (), "timings": TIMINGS,
     }  # fmt: skip
     return Answer(**{**base, **fields})
 
@@ -255,11 +256,14 @@ def test_message_object_thinking_and_tool_use() -> None:
 
 
 @pytest.mark.parametrize(
-    ("done_reason", "calls", "stop_reason"),
-    [("stop", False, "end_turn"), ("length", False, "max_tokens"), ("stop", True, "tool_use")],
-)
-def test_stop_reasons(done_reason: str, calls: bool, stop_reason: str) -> None:
-    assert wire.stop_reason(done_reason, calls) == stop_reason
+    ("done_reason", "sequence", "calls", "stop_reason"),
+    [("stop", "", False, "end_turn"), ("length", "", False, "max_tokens"),
+     ("stop", "", True, "tool_use"), ("stop", "END", False, "stop_sequence")],
+)  # fmt: skip
+def test_stop_reasons(done_reason: str, sequence: str, calls: bool, stop_reason: str) -> None:
+    assert wire.stop_fields(done_reason, sequence, calls) == {
+        "stop_reason": stop_reason, "stop_sequence": sequence or None,
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -67,9 +67,11 @@ async def test_embeddings_from_a_runner(api_server) -> None:
                 assert math.isclose(math.fsum(x * x for x in vector), 1.0, rel_tol=1e-4)
 
 
-async def test_a_chat_model_embeds_in_a_runner_of_its_own(api_server) -> None:
-    """Embeddings from any model: the chat model gets a second runner, in embedding mode,
-    beside the one that generates; unloading the model unloads both."""
+async def test_one_runner_per_model_file_listed_under_the_name_asked_for(api_server) -> None:
+    """Real runners: a chat model asked for embeddings is reloaded once in embedding mode
+    and that runner serves chat and embeddings, listed once; a model made ``from`` it
+    with another ``num_ctx`` reloads it and is listed under its own name with its own
+    context; the unload answer comes when the model is off ``/api/ps``."""
     with trio.fail_after(120):
         async with (
             api_server(engines=ProcessEngineFactory(load_timeout=60)) as srv,
@@ -81,21 +83,24 @@ async def test_a_chat_model_embeds_in_a_runner_of_its_own(api_server) -> None:
             for vector in resp.embeddings:
                 assert len(vector) == 64
                 assert math.isclose(math.fsum(x * x for x in vector), 1.0, rel_tol=1e-4)
-            (info, *_) = srv.scheduler.ps()
-            chat = srv.scheduler.runner(info.model_path, embedding=False)
-            embed = srv.scheduler.runner(info.model_path, embedding=True)
-            assert chat is not None
-            assert embed is not None
-            assert embed.spec.embedding
-            assert not chat.spec.embedding
-            assert len(srv.scheduler.ps()) == 2
-            # the chat runner still generates
-            again = await c.generate("tiny", "hi", raw=True, options={"num_predict": 2})
-            assert again.done
+            chat = await c.chat("tiny", messages=[{"role": "user", "content": "hi"}],
+                                options={"num_predict": 2})  # fmt: skip
+            assert chat.done
+            assert [m.model for m in (await c.ps()).models] == ["tiny:latest"]
+            (info,) = srv.scheduler.ps()
+            assert srv.scheduler.runner(info.model_path).spec.embedding
+            assert info.context_length != 512
             assert (await c.show("tiny")).capabilities == ["completion"]
-            await c.generate("tiny", "", keep_alive=0)  # ollama stop: every mode goes
-            with trio.fail_after(30):
-                await srv.scheduler.wait_idle()
+
+            async for _ in await c.create("tiny2", from_="tiny", parameters={"num_ctx": 512},
+                                          stream=True):  # fmt: skip
+                pass
+            await c.generate("tiny2", "hello", raw=True, options={"num_predict": 2})
+            assert [(m.model, m.context_length) for m in (await c.ps()).models] == [
+                ("tiny2:latest", 512)
+            ]
+            await c.generate("tiny2", "", keep_alive=0)  # ollama stop
+            assert (await c.ps()).models == []
 
 
 @pytest.mark.slow

@@ -626,3 +626,14 @@ def test_configure_logging_is_idempotent(captured_log: io.StringIO) -> None:
     logging.getLogger("ollamatrio.x").info("once")
     assert captured_log.getvalue().count("once") == 1
     assert sum(getattr(h, "_ollamatrio", False) for h in logging.getLogger().handlers) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "mib"),
+    [("", 4096), ("0", 0), ("512", 512), ("-1", 4096), ("lots", 4096)],
+)
+def test_prompt_disk_cache(value: str, mib: int) -> None:
+    settings = Settings.from_env({"OLLAMATRIO_PROMPT_DISK_CACHE": value, "HOME": "/h"})
+    assert settings.prompt_disk_cache_mib == mib
+    assert settings.prompt_disk_cache == mib << 20
+    assert settings.prompt_disk_cache_dir == Path("/h/.ollama/ollamatrio/prompt-cache")

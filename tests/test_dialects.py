@@ -239,13 +239,15 @@ def test_the_fold_keeps_every_part_of_a_generation() -> None:
     fold.add([final])
     assert fold.answer(gen) == Answer(
         content="Hello", thinking="hm", tool_calls=(ToolCall("f", {"a": 1}, id="c"),),
-        logprobs=(LOGPROB,), done_reason="length", context=(1, 2), timings=TIMINGS,
+        logprobs=(LOGPROB,), done_reason="length", stop_sequence="", context=(1, 2),
+        timings=TIMINGS,
     )  # fmt: skip
 
 
 ANSWER = Answer(
     content="Hello", thinking="hm", tool_calls=(ToolCall("f", {"a": "é"}, id="c1"),),
-    logprobs=(LOGPROB,), done_reason="stop", context=(1, 2), timings=TIMINGS,
+    logprobs=(LOGPROB,), done_reason="stop", stop_sequence="", context=(1, 2),
+    timings=TIMINGS,
 )  # fmt: skip
 NATIVE_FINAL = {
     "done": True, "done_reason": "stop", "context": [1, 2], "total_duration": 9,

@@ -21,7 +21,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "ollamatrio"
 FLOORS: list[list[str]] = [
     ["_version", "errors", "types", "wire"],  # leaves: import nothing of the project
     ["config", "gguf", "modelfile", "template"],
-    ["log", "devices", "memory", "model_info"],
+    ["log", "devices", "memory", "model_info", "slot_cache"],
     ["runner"],  # the child process: facts and records only
     ["engines", "store", "response_store"],
     ["model_config", "testing"],
@@ -31,7 +31,7 @@ FLOORS: list[list[str]] = [
     ["observability"],
     ["api"],  # the dialects, their routes and the app
     ["serve"],
-    ["cli"],
+    ["cli", "fleet"],  # the command line; the fleet gateway beside it (both on the server)
     ["__main__"],
 ]
 # The package's own __init__ re-exports the embedding surface lazily (importlib), so it

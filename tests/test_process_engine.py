@@ -8,6 +8,7 @@ import signal
 import stat
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from ollamatrio.errors import (
     RunnerError,
     RunnerStartError,
 )
-from ollamatrio.types import Chunk, CompletionRequest, LoadSpec, Message, ToolCall
+from ollamatrio.types import Chunk, CompletionRequest, LoadSpec, Message, ToolCall, ToolCallDelta
 
 TinyGGUF = Callable[..., Path]
 GREEDY = {"temperature": 0, "seed": 42}
@@ -286,9 +287,59 @@ def test_completion_stream(stop_type: str, reason: str) -> None:
     stream = CompletionStream()
     assert stream.feed({"content": "a", "stop": False}) == [Chunk(content="a")]
     assert stream.feed({"content": "", "stop": False}) == []
-    final = stream.feed({"content": "", "stop": True, "stop_type": stop_type, "timings": TIMINGS})
-    assert final == [Chunk(done=True, done_reason=reason, **timing_counts(TIMINGS))]
+    final = stream.feed({
+        "content": "", "stop": True, "stop_type": stop_type, "timings": TIMINGS,
+        "stopping_word": "END" if stop_type == "word" else "",
+    })  # fmt: skip
+    word = "END" if stop_type == "word" else ""
+    assert final == [
+        Chunk(done=True, done_reason=reason, stop_sequence=word, **timing_counts(TIMINGS))
+    ]
     assert stream.done
+
+
+@pytest.mark.parametrize(
+    ("pieces", "sent", "matched"),
+    [
+        (["Hello", " wor", "ld"], "Hello world", ""),  # no match: everything, held tail too
+        (["1, 2, 3", ", 4, 5"], "1, 2, 3, 4, ", "5"),
+        (["ab", "cST", "OPde"], "abc", "STOP"),  # split over pieces: held, then dropped
+        (["xS", "Ty"], "xSTy", ""),  # a held prefix that did not become a match
+        (["a END b STOP"], "a ", "END"),  # the first match in the text wins
+        (["a5STOP"], "a", "5"),
+    ],
+)
+def test_chat_stream_matches_stop_sequences(pieces: list[str], sent: str, matched: str) -> None:
+    """llama.cpp's chat stream cannot say which sequence stopped it, so they are matched
+    here: the text up to the match, the match itself on the final chunk, counts from the
+    last timings seen (the request asks for them on every event)."""
+    stream = ChatStream(stop=("STOP", "5", "END"))
+    chunks = []
+    for piece in pieces:
+        chunks += stream.feed({"choices": [{"delta": {"content": piece}}], "timings": TIMINGS})
+        if stream.done:
+            break
+    if not stream.done:
+        chunks += stream.feed({"choices": [{"delta": {}, "finish_reason": "stop"}]})
+        chunks += stream.finish()
+    assert "".join(c.content for c in chunks) == sent
+    assert chunks[-1] == Chunk(
+        done=True, done_reason="stop", stop_sequence=matched, **timing_counts(TIMINGS)
+    )
+    assert stream.feed({"choices": [{"delta": {"content": "more"}}]}) == []
+
+
+def test_a_chat_that_reports_its_stop_sequence_matches_them_itself() -> None:
+    """Only a request whose dialect names the matched sequence leaves the sequences out of
+    llama.cpp's request (and asks for timings on every event, for the counts at a match);
+    the others keep llama.cpp's own stopping."""
+    request = CompletionRequest(messages=[], options={"stop": ["x"]})
+    _, plain = chat_request(request, 2048, "m")
+    assert plain["stop"] == ["x"]
+    assert "timings_per_token" not in plain
+    _, reporting = chat_request(replace(request, report_stop=True), 2048, "m")
+    assert "stop" not in reporting
+    assert reporting["timings_per_token"] is True
 
 
 def test_chat_stream_joins_tool_call_deltas() -> None:
@@ -311,7 +362,12 @@ def test_chat_stream_joins_tool_call_deltas() -> None:
         {"choices": [{"delta": {}, "finish_reason": "tool_calls"}], "timings": TIMINGS},
     ]
     chunks = [chunk for event in events for chunk in stream.feed(event)]
-    assert chunks == [Chunk(thinking="think"), Chunk(content="Hi")]
+    assert chunks == [
+        Chunk(thinking="think"), Chunk(content="Hi"),
+        Chunk(tool_call_deltas=[ToolCallDelta(0, "c1", "get")]),
+        Chunk(tool_call_deltas=[ToolCallDelta(0, arguments='{"a":')]),
+        Chunk(tool_call_deltas=[ToolCallDelta(0, arguments=" 1}")]),
+    ]  # fmt: skip
     assert not stream.done
     assert stream.finish() == [
         Chunk(tool_calls=[ToolCall("get", {"a": 1}, id="c1")]),
@@ -334,7 +390,8 @@ def test_chat_stream_tool_calls_become_records_in_their_order() -> None:
         delta({"index": 1, "function": {"arguments": "}"}}),
         {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
     ]
-    assert [chunk for event in events for chunk in stream.feed(event)] == []
+    chunks = [chunk for event in events for chunk in stream.feed(event)]
+    assert [delta.index for chunk in chunks for delta in chunk.tool_call_deltas] == [1, 0, 2, 1]
     calls, final = stream.finish()
     assert calls.tool_calls == [
         ToolCall("first", {}),

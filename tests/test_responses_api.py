@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 import trio
-from helpers.scripted import ScriptedEngines
+from helpers.scripted import ScriptedEngines, weather_call_written
 
 from ollamatrio.generation.requests import Message, ToolCall
 from ollamatrio.testing.tiny_gguf import CHATML
@@ -96,6 +96,32 @@ async def test_max_output_tokens_is_incomplete(api_server) -> None:
             assert resp.usage.output_tokens == 2
 
 
+async def test_a_capped_stream_ends_incomplete_as_openai_sends_it(api_server) -> None:
+    """OpenAI ends a stream cut by ``max_output_tokens`` with ``response.incomplete`` (not
+    ``response.completed``): the SDK's stream helper yields it with the whole response,
+    and its ``get_final_response()`` refuses it, as it does against OpenAI."""
+    with trio.fail_after(20):
+        async with api_server() as srv, sdk(srv.url) as c:
+            async with c.responses.stream(
+                model="tiny", input="hello", max_output_tokens=2
+            ) as stream:
+                events = [e async for e in stream]
+                with pytest.raises(RuntimeError, match=r"response\.completed"):
+                    await stream.get_final_response()
+            last = events[-1]
+            assert last.type == "response.incomplete"
+            assert "response.completed" not in [e.type for e in events]
+            assert last.response.status == "incomplete"
+            assert last.response.incomplete_details is not None
+            assert last.response.incomplete_details.reason == "max_output_tokens"
+            assert last.response.usage is not None
+            assert last.response.usage.output_tokens == 2
+            text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+            assert last.response.output_text == text
+            stored = await c.responses.retrieve(last.response.id)
+            assert stored.model_dump() == last.response.model_dump()
+
+
 async def test_stream_events_and_the_stored_object(api_server) -> None:
     with trio.fail_after(20):
         async with api_server() as srv, sdk(srv.url) as c:
@@ -175,6 +201,50 @@ async def test_tool_calls_and_their_history(api_server, tiny_gguf) -> None:
         ),
         Message(role="tool", content="sunny", tool_name="get_weather", tool_call_id=call.call_id),
     ]  # fmt: skip
+
+
+async def test_a_call_streams_as_the_model_writes_it(api_server, tiny_gguf) -> None:
+    """A function call's item opens when the model starts it and its arguments arrive as
+    they are written (OpenAI's order), not as a whole item at the end; the SDK's helper
+    accumulates them into the stored object."""
+    engines = ScriptedEngines(weather_call_written)
+    model = tiny_gguf(chat_template=TOOLS_TEMPLATE)
+    with trio.fail_after(20):
+        async with api_server(engines=engines, models={"helper": model}) as srv, sdk(srv.url) as c:
+            ask = {"model": "helper", "input": "weather in Paris?", "tools": [WEATHER]}
+            events = [e async for e in await c.responses.create(**ask, stream=True)]
+            calls = [
+                (e.type, getattr(e, "delta", None)) for e in events
+                if e.type.startswith("response.function_call")
+                or getattr(getattr(e, "item", None), "type", "") == "function_call"
+            ]  # fmt: skip
+            assert calls == [
+                ("response.output_item.added", None),
+                ("response.function_call_arguments.delta", '{"city":'),
+                ("response.function_call_arguments.delta", '"Paris"}'),
+                ("response.function_call_arguments.done", None),
+                ("response.output_item.done", None),
+            ]
+            added = next(e for e in events if e.type == "response.output_item.added"
+                         and e.item.type == "function_call")  # fmt: skip
+            assert (added.item.name, added.item.call_id, added.item.arguments) == (
+                "get_weather", "call_w", "",
+            )  # fmt: skip
+            assert added.output_index == 1  # after the message, which closed first
+            kinds = [e.type for e in events]
+            assert kinds.index("response.output_item.done") < kinds.index(
+                "response.output_item.added", kinds.index("response.output_text.done")
+            )
+            async with c.responses.stream(**ask) as stream:
+                final = await stream.get_final_response()
+            message, call = final.output
+            assert message.type == "message"
+            assert call.type == "function_call"
+            assert (call.name, call.call_id, json.loads(call.arguments)) == (
+                "get_weather", "call_w", {"city": "Paris"},
+            )  # fmt: skip
+            stored = await c.responses.retrieve(final.id)
+            assert stored.output[1].model_dump() == call.model_dump(exclude={"parsed_arguments"})
 
 
 async def test_a_conversation_survives_a_restart(api_server) -> None:

@@ -200,6 +200,7 @@ def answer(
         tool_calls=calls,
         logprobs=(),
         done_reason=reason,
+        stop_sequence="",
         context=(),
         timings=Timings(0, 0, 7, 0, 5, 0),
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -213,6 +212,28 @@ async def test_unload_request_expires_idle_runner_now(autojump_clock, models):
         assert sched.unload(str(models["a"])) is False
 
 
+async def test_stop_returns_once_an_idle_model_is_off_the_list(autojump_clock, models):
+    """The unload answer is sent when an idle model is no longer listed: its process has
+    exited (the placement pass still counts it while its VRAM comes back)."""
+    async with scheduler() as (sched, _, _):
+        await use(sched, req(models, "a"))
+        assert await sched.stop(str(models["a"])) is True
+        assert loaded(sched) == []
+        assert await sched.stop(str(models["a"])) is False
+
+
+async def test_stop_answers_at_once_for_a_busy_model(autojump_clock, models):
+    async with scheduler() as (sched, _, _):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(use, sched, req(models, "a"), 20)
+            await trio.sleep(5)
+            assert await sched.stop(str(models["a"]))
+            assert trio.current_time() == pytest.approx(5)
+            assert [i.state for i in sched.ps()] == ["unloading"]
+        await trio.sleep(0.001)
+        assert loaded(sched) == []
+
+
 async def test_unload_request_waits_for_busy_runner(autojump_clock, models):
     async with scheduler() as (sched, _, _):
         async with trio.open_nursery() as nursery:
@@ -339,15 +360,71 @@ async def test_load_continues_while_another_request_still_wants_it(autojump_cloc
 # -- reload rules --------------------------------------------------------------------------
 
 
-async def test_different_num_ctx_reloads_smaller_reuses(autojump_clock, models):
+async def test_a_different_num_ctx_reloads_smaller_or_larger(autojump_clock, models):
+    """B26 as Ollama: a runner with another explicit context never serves the request, a
+    smaller context included."""
     async with scheduler() as (sched, engines, _):
         await use(sched, req(models, "a", options={"num_ctx": 2048}))
-        await use(sched, req(models, "a", options={"num_ctx": 1024}))  # fits in the loaded one
+        await use(sched, req(models, "a", options={"num_ctx": 2048}))
         assert engines.loads == 1
-        await use(sched, req(models, "a", options={"num_ctx": 8192}))
+        await use(sched, req(models, "a", options={"num_ctx": 1024}))
         assert engines.loads == 2
+        assert [(i.context_length, i.state) for i in sched.ps()] == [(1024, "ready")]
+        await use(sched, req(models, "a", options={"num_ctx": 8192}))
+        assert engines.loads == 3
         (info,) = sched.ps()
         assert info.context_length == 8192
+
+
+async def test_a_model_made_from_another_gets_a_runner_under_its_own_name(autojump_clock, models):
+    """Two names, one weights file: the one with other parameters (Ollama's ``FROM smol``
+    plus ``num_ctx 1024``) reloads the file's runner and is listed under its own name; a
+    name with the same parameters shares the runner, listed under the name that loaded it
+    (Ollama lists the runner's model)."""
+    path = str(models["a"])
+    smol = ModelRequest(name="smol:latest", model_path=path)
+    smol2 = ModelRequest(name="smol2:latest", model_path=path, options={"num_ctx": 1024})
+    same = ModelRequest(name="same:latest", model_path=path)
+    async with scheduler() as (sched, engines, _):
+        await use(sched, smol)
+        await use(sched, smol2)
+        assert [(i.name, i.context_length) for i in sched.ps()] == [("smol2:latest", 1024)]
+        await use(sched, smol)
+        await use(sched, same)
+        assert [(i.name, i.context_length) for i in sched.ps()] == [("smol:latest", 4096)]
+        assert engines.loads == 3
+
+
+async def test_options_a_runner_was_loaded_with_reload_when_a_request_leaves_them_unset(
+    autojump_clock, models
+):
+    """Ollama compares the load-time options both ways: a runner loaded with num_thread,
+    use_mmap or main_gpu set does not serve a request that leaves them at the default."""
+    async with scheduler() as (sched, engines, _):
+        for option in ({"num_thread": 1}, {"use_mmap": False}, {"num_batch": 128}):
+            loads = engines.loads
+            await use(sched, req(models, "a", options=option))
+            await use(sched, req(models, "a"))
+            assert engines.loads == loads + 2, option
+
+
+async def test_embeddings_reload_a_chat_runner_once_into_one_that_serves_both(
+    autojump_clock, models
+):
+    """One runner per model file: an embedding request reloads a runner loaded without
+    embedding mode; the new one (embedding mode, the chat model's slots) serves both kinds
+    of request, so the model is listed once and never reloads back."""
+    async with scheduler(num_parallel=2) as (sched, engines, _):
+        await use(sched, req(models, "a"))
+        assert not sched.runner(str(models["a"])).spec.embedding
+        await use(sched, req(models, "a", embeddings=True))
+        runner = sched.runner(str(models["a"]))
+        assert runner.spec.embedding
+        assert runner.spec.num_parallel == 2
+        for embeddings in (False, True, False):
+            await use(sched, req(models, "a", embeddings=embeddings))
+        assert engines.loads == 2
+        assert [(i.name, i.state) for i in sched.ps()] == [("a", "ready")]
 
 
 async def test_num_ctx_clamped_to_training_context(autojump_clock, models):
@@ -780,7 +857,10 @@ async def test_gpu_runner_waits_for_vram_recovery(autojump_clock, models, lag, e
         assert trio.current_time() - start == pytest.approx(expected, abs=0.01)
 
 
-async def test_ps_lists_an_unloading_runner_until_its_memory_is_free(autojump_clock, models):
+async def test_ps_drops_a_stopped_runner_while_its_vram_comes_back(autojump_clock, models):
+    """As Ollama: a runner whose process has exited is off ``/api/ps`` while the driver
+    has not yet shown its memory free; the scheduler still holds it (and counts its
+    memory) until then."""
     spec = json.dumps({"gpus": [{"id": "sim0", "total": "512GiB"}], "system": {"total": "64GiB"}})
     devices = LaggingDevices(spec, 60.0)
     engines = SimulatedEngineFactory(devices, default=SimulatedBehaviour(load_seconds=0))
@@ -789,12 +869,12 @@ async def test_ps_lists_an_unloading_runner_until_its_memory_is_free(autojump_cl
     ) as sched:
         await use(sched, req(models, "a"))
         await trio.sleep(1)  # the driver has not shown the memory free yet
-        (info,) = sched.ps()
-        assert (info.state, info.active, info.queued) == ("unloading", 0, 0)
-        assert info.size_vram > 0
-        assert info.expires_at == pytest.approx(time.time(), abs=1)  # "Stopping..."
-        await sched.wait_idle()
         assert sched.ps() == []
+        (runner,) = sched.runners()
+        assert runner.stopped
+        assert runner.memory.vram > 0
+        await sched.wait_idle()
+        assert sched.runners() == []
 
 
 async def test_cpu_runner_skips_vram_recovery(autojump_clock, models):

@@ -156,13 +156,13 @@ async def test_a_busy_victim_takes_no_new_requests_so_the_waiting_load_goes_ahea
 async def test_a_reload_is_not_starved_by_requests_the_old_runner_could_serve(
     autojump_clock, models
 ):
-    """A request that needs a larger context evicts the runner (B25); requests with the
-    old, smaller context must not keep that runner busy forever."""
+    """A request that needs another context evicts the runner (B25); requests with the
+    old context must not keep that runner busy forever."""
     async with scheduler(num_parallel=2) as (sched, engines):
         small = req(models, "a", options={"num_ctx": 512})
         waited = await waited_for(sched, req(models, "a", options={"num_ctx": 4096}), small)
         assert waited < SERVED_WITHIN
-        assert engines.loads == 2  # the small requests then share the larger runner
+        assert engines.loads >= 2  # the small requests may then reload theirs (B26)
 
 
 async def test_a_stopped_busy_model_takes_new_requests_only_briefly(autojump_clock, models):

@@ -77,7 +77,7 @@ async def test_seeded_soak_with_real_runners(api_server, tiny_gguf) -> None:
 
 async def test_a_reload_is_not_starved_by_clients_the_old_runner_can_serve(api_server) -> None:
     """Four clients keep a runner loaded with num_ctx 256 busy (more than its two slots);
-    an OpenAI request needs the default, larger context, so the runner must be reloaded.
+    an OpenAI request needs the default context, so the runner must be reloaded.
     The evicted runner takes no new requests, so the reload happens within seconds instead
     of whenever the four clients happen to pause together."""
     engines = ProcessEngineFactory(load_timeout=60)
@@ -116,6 +116,4 @@ async def test_a_reload_is_not_starved_by_clients_the_old_runner_can_serve(api_s
             assert r is not None
             assert r.status_code == 200
             assert waited < 20, f"the reload waited {waited:.1f} s"
-            (info,) = srv.scheduler.ps()
-            assert info.context_length > 256  # the small requests now share the larger one
             await books_settle(srv.scheduler)

@@ -10,6 +10,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import ollama
 import openai
@@ -70,6 +71,10 @@ def test_the_tiny_png_is_a_png() -> None:
         ("not base64!", "invalid image 3: not valid base64"),
         (base64.b64encode(b"hello world").decode(), "invalid image 3: not a PNG, JPEG"),
         ("", "invalid image 3: not a PNG, JPEG"),
+        (
+            base64.b64encode(b"RIFF\x24\x00\x00\x00WEBPVP8 ").decode(),
+            "invalid image 3: WebP is not supported; send it as PNG, JPEG, GIF or BMP",
+        ),
     ],
 )
 def test_a_broken_image_is_named(image: str, message: str) -> None:
@@ -119,10 +124,34 @@ def openai_chat(model: str, url: str) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": parts}]}
 
 
+def anthropic_message(model: str, data: str, max_tokens: int = 8) -> dict[str, Any]:
+    source = {"type": "base64", "media_type": "image/png", "data": data}
+    blocks = [{"type": "image", "source": source}, {"type": "text", "text": "what?"}]
+    return {
+        "model": model,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": blocks}],
+    }
+
+
+def responses_input(model: str, url: str) -> dict[str, Any]:
+    parts = [{"type": "input_text", "text": "what?"}, {"type": "input_image", "image_url": url}]
+    return {"model": model, "input": [{"role": "user", "content": parts}], "store": False}
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "error"),
     [
         ("/api/chat", chat("vis", [PNG]), 200, None),
+        ("/v1/messages", anthropic_message("vis", PNG), 200, None),
+        ("/v1/responses", responses_input("vis", f"data:image/png;base64,{PNG}"), 200, None),
+        ("/v1/messages", anthropic_message("tiny", PNG), 400, NO_VISION),
+        ("/v1/responses", responses_input("tiny", f"data:image/png;base64,{PNG}"), 400,
+         NO_VISION),
+        ("/v1/messages", anthropic_message("vis", "aGVsbG8="), 400,
+         "invalid image 1: not a PNG, JPEG, GIF or BMP image"),
+        ("/v1/responses", responses_input("vis", "data:image/png;base64,aGVsbG8="), 400,
+         "invalid image 1: not a PNG, JPEG, GIF or BMP image"),
         ("/api/generate", {"model": "vis", "prompt": "x", "images": [PNG], "stream": False},
          200, None),
         ("/v1/chat/completions", openai_chat("vis", f"data:image/png;base64,{PNG}"), 200, None),
@@ -149,6 +178,10 @@ async def test_images_on_every_route(
             if error is not None:
                 got = r.json()["error"]
                 assert error in (got if isinstance(got, str) else got["message"])
+            if error is not None and path.startswith("/v1/"):  # the dialect's error shape
+                assert got["type"] == "invalid_request_error"
+                if path == "/v1/messages":
+                    assert r.json()["type"] == "error"
 
 
 # -- a real runner ----------------------------------------------------------------
@@ -195,6 +228,37 @@ async def test_an_image_reaches_a_runner_with_the_projector_loaded(
             assert seen_o.usage is not None
             assert plain_o.usage is not None
             assert seen_o.usage.prompt_tokens >= plain_o.usage.prompt_tokens + image_tokens()
+
+
+async def test_an_image_block_and_an_input_image_reach_the_runner(
+    api_server, tiny_gguf, projector: Path
+) -> None:
+    """``/v1/messages`` image blocks (base64) and ``/v1/responses`` ``input_image`` data
+    URLs, through the official SDKs, reach the runner with the projector loaded: the image
+    request's input tokens exceed the same text's by at least the image's tokens."""
+    with trio.fail_after(180):
+        async with (
+            api_server(engines=ProcessEngineFactory(load_timeout=60)) as srv,
+            anthropic.AsyncAnthropic(base_url=srv.url, api_key="ollama", max_retries=0) as ac,
+            openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="ollama", max_retries=0) as oc,
+        ):
+            await create_vision_model(srv.url, tiny_gguf(), projector)
+            # The image first: its prompt has no cached prefix beyond the text's.
+            seen = await ac.messages.create(**anthropic_message("vis", PNG, max_tokens=1))
+            text = [{"role": "user", "content": "what?"}]
+            plain = await ac.messages.create(model="vis", max_tokens=1, messages=text)
+            assert seen.usage.input_tokens >= plain.usage.input_tokens + image_tokens()
+            (info,) = srv.scheduler.ps()
+            assert srv.scheduler.runner(info.model_path).projector is not None
+
+            body = responses_input("vis", f"data:image/png;base64,{PNG}")
+            seen_r = await oc.responses.create(**body, max_output_tokens=1)
+            plain_r = await oc.responses.create(
+                model="vis", input="what?", store=False, max_output_tokens=1
+            )
+            assert seen_r.usage is not None
+            assert plain_r.usage is not None
+            assert seen_r.usage.input_tokens >= plain_r.usage.input_tokens + image_tokens()
 
 
 # -- the projector's memory -----------------------------------------------------------

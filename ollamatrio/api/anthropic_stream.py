@@ -100,8 +100,9 @@ class MessageEvents:
             out += self._start_block({"type": "text", "text": ""})
             self._open = "text"
         out += self._stop_block()
-        reason = wire.stop_reason(chunk.done_reason or "stop", self._tool_calls > 0)
-        delta = {"stop_reason": reason, "stop_sequence": None}
+        delta = wire.stop_fields(
+            chunk.done_reason or "stop", chunk.stop_sequence, self._tool_calls > 0
+        )
         usage = wire.usage(chunk.prompt_eval_count, chunk.eval_count)
         out += event("message_delta", {"delta": delta, "usage": usage})
         return out + event("message_stop", {})

@@ -101,6 +101,7 @@ def _chat_request(body: Mapping[str, Any], model: str) -> ChatRequest:
         options=sampling_options(body),
         think=thinking(body.get("thinking")),
         stream=get_bool(body, "stream", False),
+        report_stop=True,  # stop_reason "stop_sequence" names it
     )
 
 
@@ -330,11 +331,15 @@ def new_tool_use_id() -> str:
     return f"toolu_{secrets.token_hex(12)}"
 
 
-def stop_reason(done_reason: str, tool_calls: bool) -> str:
-    """The core's done reason as Anthropic's ``stop_reason``."""
+def stop_fields(done_reason: str, stop_sequence: str, tool_calls: bool) -> dict[str, Any]:
+    """How the answer ended, as Anthropic's ``stop_reason`` and ``stop_sequence``."""
     if tool_calls:
-        return "tool_use"
-    return "max_tokens" if done_reason == "length" else "end_turn"
+        reason = "tool_use"
+    elif done_reason == "length":
+        reason = "max_tokens"
+    else:
+        reason = "stop_sequence" if stop_sequence else "end_turn"
+    return {"stop_reason": reason, "stop_sequence": stop_sequence or None}
 
 
 def tool_input(call: ToolCall) -> dict[str, Any]:
@@ -376,7 +381,6 @@ def message_object(model: str, answer: Answer, message_id: str | None = None) ->
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": stop_reason(answer.done_reason, bool(answer.tool_calls)),
-        "stop_sequence": None,
+        **stop_fields(answer.done_reason, answer.stop_sequence, bool(answer.tool_calls)),
         "usage": usage(timings.prompt_eval_count, timings.eval_count),
     }

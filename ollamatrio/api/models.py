@@ -124,7 +124,8 @@ class ApiContext:
         shift: bool | None = None,
     ) -> ModelRequest:
         """The scheduler's request; ``embedding`` asks for a runner in embedding mode (an
-        embedding model always gets one)."""
+        embedding model always gets one; a chat model's runner is reloaded into it once,
+        and then serves both kinds of request)."""
         template = model.template or ""
         return ModelRequest(
             name=model.short_name,
@@ -133,7 +134,8 @@ class ApiContext:
             keep_alive=keep_alive,
             adapters=tuple(str(p) for p in model.adapters),
             projector=str(model.projectors[0]) if model.projectors else None,
-            embedding_only=embedding or ("embedding" in caps and "completion" not in caps),
+            embedding_only="embedding" in caps and "completion" not in caps,
+            embeddings=embedding,
             shift=shift,
             # llama.cpp renders Jinja; a Go template layer cannot be applied (docs/api.md).
             chat_template=template if "{%" in template else None,

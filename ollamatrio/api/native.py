@@ -18,6 +18,7 @@ from quart import Quart, Response, request
 
 from .._version import OLLAMA_API_VERSION, __version__
 from ..errors import InvalidRequestError, ModelNotFoundError
+from ..slot_cache import SlotCache
 from ..store import parse_digest
 from ..wire import JSON, JSON_UTF8, json_bytes, rfc3339, rfc3339_from_timestamp
 from . import native_wire, pipeline
@@ -164,6 +165,12 @@ class OllamaApi:
     async def delete(self) -> Response:
         name = get_model(await read_json(request.body))
         await trio.to_thread.run_sync(self.ctx.store.delete, name)
+        settings = self.ctx.settings
+        cache = SlotCache(settings.prompt_disk_cache_dir, settings.prompt_disk_cache)
+        try:  # the saved prompt states of a model whose file went with it
+            await trio.to_thread.run_sync(cache.forget_missing)
+        except OSError as exc:
+            log.warning("prompt cache: could not drop a deleted model's states: %s", exc)
         return empty_response()
 
     # -- blobs ------------------------------------------------------------------------

@@ -52,13 +52,14 @@ def unloads(req: GenerateRequest | ChatRequest) -> bool:
 
 async def prepare(ctx: ApiContext, req: GenerateRequest | ChatRequest) -> Prepared | None:
     """Resolve and check the model for ``req``; None when the request only unloaded it
-    (:func:`unloads`), which happens at once."""
+    (:func:`unloads`): an idle model is gone (off ``/api/ps``) when this returns, a busy
+    one finishes its requests first."""
     if not unloads(req):
         refuse_when_queue_full(ctx)
     model = await ctx.resolve(req.model)
     assert model.model_path is not None
     if unloads(req):
-        ctx.scheduler.unload(str(model.model_path))
+        await ctx.scheduler.stop(str(model.model_path))
         return None
     info = await ctx.gguf(str(model.model_path))
     require_loadable(req.model, info)
@@ -110,7 +111,7 @@ async def embed(ctx: ApiContext, req: EmbedRequest) -> Embedded:
     require_loadable(req.model, info)
     caps = capabilities(model, info)
     merged = merge_options(model.params, req.options)
-    # Any model can embed: a chat model gets a runner of its own in embedding mode.
+    # Any model can embed: a chat model's runner is loaded (or reloaded) in embedding mode.
     model_request = ctx.model_request(model, merged, req.keep_alive, caps, embedding=True)
     metrics = ctx.metrics
     async with ctx.scheduler.lease(model_request) as lease:

@@ -4,9 +4,12 @@
 The order is the one the ``openai`` SDK's stream helper follows: ``response.created`` and
 ``response.in_progress``; for thinking a ``reasoning`` item with its summary text deltas;
 for text a ``message`` item, its ``output_text`` part and its deltas; each item closed with
-its ``.done`` events before the next opens; function calls as whole items at the end
-(llama.cpp parses them when the answer is complete); then ``response.completed`` (or
-``response.incomplete``) with the same object ``"stream": false`` answers.
+its ``.done`` events before the next opens; a function call as its item opens when the model
+starts writing it (``response.output_item.added`` with its name and ``call_id``), its
+arguments as ``response.function_call_arguments.delta`` as they are written, and its
+``.done`` events once the answer is complete (a call an engine gives only whole is all four
+events at the end); then ``response.completed`` (or ``response.incomplete``) with the same
+object ``"stream": false`` answers.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 from ..generation.answer import Answer, Fold
 from ..generation.relay import Generation
-from ..types import Chunk
+from ..types import Chunk, ToolCall, ToolCallDelta
 from ..wire import SSE, json_bytes
 from . import openai_wire
 from . import responses_wire as wire
@@ -34,6 +37,7 @@ class ResponseEvents:
         self._reasoning: int | None = None  # the open reasoning item's output index
         self._message: int | None = None  # the open message item's output index
         self._message_done = False
+        self._calls: dict[int, int] = {}  # a call's index among the answer's -> its item's
         self._text: list[str] = []
         self._thinking: list[str] = []
         self._fold = Fold()
@@ -53,10 +57,14 @@ class ResponseEvents:
             out += self._event("response.created", response=response)
             out += self._event("response.in_progress", response=response)
         for chunk in batch:
-            if chunk.thinking and self._message is None and not self._message_done:
+            # Items are written in order and never reopened: thinking after the text, or
+            # text after a call began, is in the final object but not streamed.
+            if chunk.thinking and self._message is None and not (self._message_done or self._calls):
                 out += self._think(chunk.thinking)
-            if chunk.content:
+            if chunk.content and not self._calls:
                 out += self._write(chunk.content)
+            for delta in chunk.tool_call_deltas:
+                out += self._call_delta(delta)
             if chunk.done:
                 out += self._finish(gen)
         return bytes(out)
@@ -127,6 +135,23 @@ class ResponseEvents:
             + self._event("response.output_item.done", output_index=index, item=item)
         )  # fmt: skip
 
+    def _call_delta(self, delta: ToolCallDelta) -> bytes:
+        out = b""
+        index = self._calls.get(delta.index)
+        if index is None:
+            out += self._close_reasoning() + self._close_message()
+            index = self._calls[delta.index] = self._open()
+            call = ToolCall(delta.name, id=delta.id)
+            item = wire.function_call_item(self.draft, call, delta.index, status="in_progress")
+            out += self._event("response.output_item.added", output_index=index, item=item)
+        if delta.arguments:
+            out += self._event(
+                "response.function_call_arguments.delta",
+                item_id=self.draft.item_id("fc", delta.index), output_index=index,
+                delta=delta.arguments,
+            )  # fmt: skip
+        return out
+
     def _open(self) -> int:
         self._items += 1
         return self._items - 1
@@ -139,14 +164,16 @@ class ResponseEvents:
             out += self._write("")  # an empty answer is still one (empty) message
         out += self._close_message()
         for n, call in enumerate(answer.tool_calls):
-            index = self._open()
             item = wire.function_call_item(self.draft, call, n)
-            added = wire.function_call_item(self.draft, call, n, status="in_progress")
-            out += self._event("response.output_item.added", output_index=index, item=added)
-            out += self._event(
-                "response.function_call_arguments.delta", item_id=item["id"],
-                output_index=index, delta=item["arguments"],
-            )  # fmt: skip
+            index = self._calls.get(n)
+            if index is None:  # the engine gave this call only whole
+                index = self._open()
+                added = wire.function_call_item(self.draft, call, n, status="in_progress")
+                out += self._event("response.output_item.added", output_index=index, item=added)
+                out += self._event(
+                    "response.function_call_arguments.delta", item_id=item["id"],
+                    output_index=index, delta=item["arguments"],
+                )  # fmt: skip
             out += self._event(
                 "response.function_call_arguments.done", item_id=item["id"],
                 output_index=index, arguments=item["arguments"],

@@ -169,7 +169,7 @@ class ChunkStream:
         except RunnerReportedError as exc:
             self._finished = True
             raise self._engine._reported(exc) from None
-        if isinstance(self._parser, CompletionStream) and self._parser.done:
+        if self._parser.done:  # its final event (or, in a chat, a stop sequence) came
             self._finished = True
         elif not events:  # the response ended
             chunks.extend(self._parser.finish())

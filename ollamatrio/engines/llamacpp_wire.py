@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from ollamatrio.errors import InvalidRequestError
-from ollamatrio.types import Chunk, CompletionRequest, Message, ToolCall
+from ollamatrio.types import Chunk, CompletionRequest, Message, ToolCall, ToolCallDelta
 
 # Ollama option -> (llama.cpp request field, Ollama's default).
 SAMPLING_OPTIONS: dict[str, tuple[str, Any]] = {
@@ -98,6 +98,11 @@ def chat_request(
     if req.messages is None:
         raise InvalidRequestError("a chat needs messages")
     body = sampling_fields(req.options, context_length)
+    if req.report_stop and body.pop("stop", None):
+        # llama.cpp's chat stream does not say which stop sequence ended an answer, so the
+        # sequences are matched here (ChatStream); timings on every event keep the counts
+        # when the stream is closed at a match.
+        body["timings_per_token"] = True
     body["model"] = model
     body["messages"] = [chat_message(m, i) for i, m in enumerate(req.messages)]
     if req.tools:
@@ -256,11 +261,60 @@ class CompletionStream:
             return piece
         self.done = True
         reason = "length" if event.get("stop_type") == "limit" else "stop"
-        final = Chunk(done=True, done_reason=reason, **timing_counts(event.get("timings")))
+        word = str(event.get("stopping_word") or "") if event.get("stop_type") == "word" else ""
+        final = Chunk(
+            done=True, done_reason=reason, stop_sequence=word,
+            **timing_counts(event.get("timings")),
+        )  # fmt: skip
         return [*piece, final]
 
     def finish(self) -> list[Chunk]:
         return []
+
+
+def stop_sequences(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ``stop`` option as a tuple of non-empty sequences."""
+    stop = options.get("stop")
+    words = [stop] if isinstance(stop, str) else list(stop or ())
+    return tuple(str(w) for w in words if w)
+
+
+@dataclass
+class StopMatcher:
+    """Stop sequences found in an answer's text as it streams: the text before the first
+    match is sent, the match and what follows never are, and a tail that could still
+    become a match is held back until the next piece says (as llama.cpp does)."""
+
+    sequences: tuple[str, ...]
+    matched: str = ""
+    _held: str = ""
+    # For each character, the beginnings of sequences that end with it, longest first: a
+    # piece's tail is checked against only those (most pieces: none).
+    _prefixes: dict[str, list[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        prefixes = {s[:n] for s in self.sequences for n in range(1, len(s))}
+        for prefix in sorted(prefixes, key=len, reverse=True):
+            self._prefixes.setdefault(prefix[-1], []).append(prefix)
+
+    def feed(self, piece: str) -> str:
+        """The part of ``piece`` (after any held text) that may be sent now."""
+        text = self._held + piece
+        found = [(text.find(s), n, s) for n, s in enumerate(self.sequences) if s in text]
+        if found:
+            at, _, self.matched = min(found)
+            self._held = ""
+            return text[:at]
+        keep = 0
+        if text:
+            keep = next((len(p) for p in self._prefixes.get(text[-1], ()) if text.endswith(p)), 0)
+        self._held = text[len(text) - keep :]
+        return text[: len(text) - keep]
+
+    def flush(self) -> str:
+        """The held tail, once the answer ended without a match."""
+        held, self._held = self._held, ""
+        return held
 
 
 @dataclass
@@ -274,39 +328,60 @@ class _CallDeltas:
 
 @dataclass
 class ChatStream:
-    """Parses ``/v1/chat/completions`` stream events; tool calls are joined from deltas."""
+    """Parses ``/v1/chat/completions`` stream events; tool calls are joined from deltas.
+
+    ``stop``: the request's stop sequences, matched in the answer's text here (the request
+    to llama.cpp leaves them out, see :func:`chat_request`); at a match the stream is
+    ``done`` at once, and its reader closes the runner stream, which stops llama.cpp."""
 
     done: bool = False
     top_logprobs: int = 0
+    stop: tuple[str, ...] = ()
     _finish_reason: str | None = None
     _timings: Mapping[str, Any] | None = None
     _calls: dict[int, _CallDeltas] = field(default_factory=dict)
+    _matcher: StopMatcher | None = None
+
+    def __post_init__(self) -> None:
+        if self.stop:
+            self._matcher = StopMatcher(self.stop)
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         raise_for_error(event)
+        if self.done:
+            return []
         if event.get("timings"):
             self._timings = event["timings"]
         chunks: list[Chunk] = []
         for choice in event.get("choices") or ():
             delta = choice.get("delta") or {}
             content = delta.get("content") or ""
+            if content and self._matcher is not None:
+                content = self._matcher.feed(content)
             thinking = delta.get("reasoning_content") or ""
             probabilities = (choice.get("logprobs") or {}).get("content")
             logprobs = ollama_logprobs(probabilities, self.top_logprobs)
             if content or thinking or logprobs:
                 chunks.append(Chunk(content=content, thinking=thinking, logprobs=logprobs))
-            for call in delta.get("tool_calls") or ():
-                self._add_tool_delta(call)
+            if self._matcher is not None and self._matcher.matched:
+                self._finish_reason = "stop"
+                return chunks + self.finish()
+            calls = [self._add_tool_delta(call) for call in delta.get("tool_calls") or ()]
+            if calls:
+                chunks.append(Chunk(tool_call_deltas=calls))
             if choice.get("finish_reason"):
                 self._finish_reason = choice["finish_reason"]
         return chunks
 
-    def _add_tool_delta(self, delta: Mapping[str, Any]) -> None:
-        call = self._calls.setdefault(int(delta.get("index", len(self._calls))), _CallDeltas())
+    def _add_tool_delta(self, delta: Mapping[str, Any]) -> ToolCallDelta:
+        index = int(delta.get("index", len(self._calls)))
+        call = self._calls.setdefault(index, _CallDeltas())
         call.id = delta.get("id") or call.id
         function = delta.get("function") or {}
-        call.name += function.get("name") or ""
-        call.arguments += function.get("arguments") or ""
+        name, arguments = function.get("name") or "", function.get("arguments") or ""
+        call.name += name
+        call.arguments += arguments
+        return ToolCallDelta(index, delta.get("id") or "", name, arguments)
 
     def finish(self) -> list[Chunk]:
         """The closing chunks, once the stream has ended (``[DONE]``)."""
@@ -314,11 +389,17 @@ class ChatStream:
             return []
         self.done = True
         chunks = []
+        matched = self._matcher.matched if self._matcher is not None else ""
+        held = self._matcher.flush() if self._matcher is not None else ""
+        if held:
+            chunks.append(Chunk(content=held))
         if self._calls:
             calls = [self._calls[i] for i in sorted(self._calls)]
             chunks.append(Chunk(tool_calls=[_tool_call(c) for c in calls]))
         reason = "length" if self._finish_reason == "length" else "stop"
-        chunks.append(Chunk(done=True, done_reason=reason, **timing_counts(self._timings)))
+        chunks.append(Chunk(
+            done=True, done_reason=reason, stop_sequence=matched, **timing_counts(self._timings),
+        ))  # fmt: skip
         return chunks
 
 

@@ -12,7 +12,9 @@ the pieces together, each in a module of its own:
 * ``shutdown.py``: SIGTERM, grace, SIGKILL, reaping, the pipes closed;
 * ``runner_client.py``: llama.cpp's HTTP API over the runner's Unix socket with a
   :class:`~ollamatrio.engines.runner_http.RunnerHttp` (raw Trio streams, pooled
-  connections), which :class:`ProcessEngine` extends.
+  connections), which :class:`ProcessEngine` extends;
+* ``slot_persist.py``: with an on-disk prompt cache, the slots saved as the engine closes
+  (before SIGTERM, under a shielded deadline) and restored for the prompts they begin.
 
 Lifetimes: the process lives exactly as long as the ``async with``.  Leaving it sends
 SIGTERM (and SIGCONT, so a stopped runner acts on it), waits ``kill_grace`` seconds, then
@@ -26,6 +28,7 @@ reason and the scheduler, seeing a crash, starts a new runner for the next reque
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import secrets
@@ -43,13 +46,17 @@ from ollamatrio.engines.health import RunnerWatch
 from ollamatrio.engines.protocol import LoadProgress
 from ollamatrio.engines.runner_client import RunnerClient, open_runner_http
 from ollamatrio.engines.shutdown import KILL_GRACE, close_pipes, collapse
+from ollamatrio.engines.slot_persist import SlotPersistence
 from ollamatrio.engines.spawn import run_runner_process, runner_argv, runner_env, runner_folder
-from ollamatrio.errors import RunnerCrashedError, RunnerError
+from ollamatrio.errors import OllamatrioError, RunnerCrashedError, RunnerError
 from ollamatrio.runner.options import RunnerConfig
-from ollamatrio.types import LoadSpec, MemoryUsage
+from ollamatrio.slot_cache import SAVE_SECONDS, SlotCache, cache_key
+from ollamatrio.types import CompletionRequest, LoadSpec, MemoryUsage
 
 if TYPE_CHECKING:
     from ollamatrio.config import Settings
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LOAD_TIMEOUT = 300.0  # Ollama: 5 minutes without progress
 
@@ -66,12 +73,15 @@ class ProcessEngineFactory:
         kill_grace: float = KILL_GRACE,
         verbosity: int | None = None,
         cache_ram_mib: int = 0,
+        slot_cache: SlotCache | None = None,
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
     ) -> None:
         """``settings`` supplies ``load_timeout`` (OLLAMA_LOAD_TIMEOUT), ``stall_timeout``
-        (OLLAMATRIO_STALL_TIMEOUT) and the log level (OLLAMA_DEBUG); keyword arguments
-        override them."""
+        (OLLAMATRIO_STALL_TIMEOUT), the log level (OLLAMA_DEBUG) and the on-disk prompt
+        cache (OLLAMATRIO_PROMPT_DISK_CACHE); keyword arguments override them."""
+        if slot_cache is None and settings is not None and settings.prompt_disk_cache > 0:
+            slot_cache = SlotCache(settings.prompt_disk_cache_dir, settings.prompt_disk_cache)
         if load_timeout is None:
             load_timeout = settings.load_timeout if settings is not None else DEFAULT_LOAD_TIMEOUT
         if stall_timeout is None:
@@ -85,6 +95,7 @@ class ProcessEngineFactory:
         self.kill_grace = kill_grace
         self.verbosity = verbosity
         self.cache_ram_mib = cache_ram_mib
+        self.slot_cache = slot_cache
         self.python = python
         self.env = dict(os.environ if env is None else env)
 
@@ -95,6 +106,9 @@ class ProcessEngineFactory:
     async def open(
         self, spec: LoadSpec, *, progress: LoadProgress | None = None
     ) -> AsyncIterator[ProcessEngine]:
+        slot_save_dir = ""
+        if self.slot_cache is not None and not spec.embedding:
+            slot_save_dir = str(await trio.to_thread.run_sync(self.slot_cache.ensure_folder))
         with runner_folder() as (socket_dir, owner_fd):
             config = RunnerConfig(
                 spec=spec,
@@ -103,6 +117,7 @@ class ProcessEngineFactory:
                 parent_pid=os.getpid(),
                 verbosity=self.verbosity,
                 cache_ram_mib=self.cache_ram_mib,
+                slot_save_dir=slot_save_dir,
             )
             engine = ProcessEngine(config, self, owner_fd=owner_fd, progress=progress)
             try:
@@ -112,6 +127,7 @@ class ProcessEngineFactory:
                         yield engine
                     finally:
                         engine._closing = True
+                        await engine._save_slots()
                         nursery.cancel_scope.cancel()  # -> SIGTERM, grace, SIGKILL, reap
             except BaseExceptionGroup as group:
                 raise collapse(group) from None
@@ -142,6 +158,7 @@ class ProcessEngine(RunnerClient):
         self._load_stall = LoadStall(factory.load_timeout)
         self._closing = False
         self._progress = progress
+        self._persistence: SlotPersistence | None = None  # with a prompt cache, once ready
         self.ready: dict[str, Any] = {}  # the runner's ready line
 
     # -- Engine protocol: facts --------------------------------------------------------
@@ -222,6 +239,13 @@ class ProcessEngine(RunnerClient):
             if self._progress is not None:
                 self._progress(total, total)
             self._context_length = int(self.ready.get("context_length") or self._spec.num_ctx)
+            cache = self._factory.slot_cache
+            plan = self.ready.get("plan") or {}
+            if cache is not None and self._config.slot_save_dir and not plan.get("embedding"):
+                key = cache_key(self._spec, plan, self._context_length)
+                self._persistence = SlotPersistence(
+                    self, cache, key=key, model_path=self._spec.model_path
+                )
             async with open_runner_http(self.ready["socket"], self._config.api_key) as http:
                 self._http = http
                 task_status.started()
@@ -229,6 +253,42 @@ class ProcessEngine(RunnerClient):
                 if not self._closing:
                     message = watch.killed_for or await watch.crash_message()
                     raise RunnerCrashedError(message, self.returncode)
+
+    # -- the on-disk prompt cache ---------------------------------------------------------
+
+    async def _before_send(
+        self, request: CompletionRequest, path: str, body: dict[str, Any]
+    ) -> None:
+        if self._persistence is not None:
+            await self._persistence.before_send(request, path, body)
+
+    async def _save_slots(self) -> None:
+        """Save the slots worth keeping before the runner is stopped: shielded (an
+        eviction or shutdown cancels the engine's scope) and bounded by ``SAVE_SECONDS``.
+        A runner that died, or never became ready, has nothing to save."""
+        persistence = self._persistence
+        if persistence is None or self._watch.exited.is_set() or self._http is None:
+            return
+        started = trio.current_time()
+        with trio.CancelScope(shield=True, deadline=started + SAVE_SECONDS) as scope:
+            try:
+                kept = await persistence.save_all()
+            except (OllamatrioError, OSError) as exc:
+                log.warning("prompt cache: saving %s's slots failed: %s", self._spec.name, exc)
+                return
+        if scope.cancelled_caught:
+            log.warning(
+                "prompt cache: saving %s's slots ran past %.1fs; the rest is not kept",
+                self._spec.name,
+                SAVE_SECONDS,
+            )
+        elif kept:
+            log.info(
+                "prompt cache: kept %d slot states of %s in %.2fs",
+                kept,
+                self._spec.name,
+                trio.current_time() - started,
+            )
 
     # -- health ------------------------------------------------------------------------
 

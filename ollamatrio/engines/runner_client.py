@@ -32,6 +32,7 @@ from ollamatrio.engines.llamacpp_wire import (
     embedding_vectors,
     is_embedding_input_limit,
     raise_for_error,
+    stop_sequences,
 )
 from ollamatrio.engines.runner_http import RunnerConnectionError, RunnerHttp, RunnerStatusError
 from ollamatrio.errors import CapabilityError, InvalidRequestError, OutOfMemoryError, RunnerError
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT = 5.0
 # What llama.cpp's /apply-template needs of a chat request to render it as it would.
-_TEMPLATE_FIELDS = ("messages", "tools", "chat_template_kwargs")
+TEMPLATE_FIELDS = ("messages", "tools", "chat_template_kwargs")
 
 
 class RunnerClient:
@@ -83,6 +84,12 @@ class RunnerClient:
     async def _stalled(self) -> RunnerError:
         """The error for a generation that got no byte for ``stall_timeout`` seconds."""
         return RunnerError(self._stall_message())
+
+    async def _before_send(
+        self, request: CompletionRequest, path: str, body: dict[str, Any]
+    ) -> None:
+        """A last look at a generation's body before it goes to llama.cpp (the process
+        engine restores a saved prompt state here and picks its slot)."""
 
     def _reported(self, exc: RunnerReportedError) -> Exception:
         message = str(exc)
@@ -142,7 +149,10 @@ class RunnerClient:
         if request.messages is not None:
             request = await self._fitted(request)
             path, body = chat_request(request, self.context_length, self._name)
-            parser: ChatStream | CompletionStream = ChatStream(top_logprobs=request.top_logprobs)
+            parser: ChatStream | CompletionStream = ChatStream(
+                top_logprobs=request.top_logprobs,
+                stop=stop_sequences(request.options) if request.report_stop else (),
+            )
         else:
             path, body = completion_request(request, self.context_length)
             if path == "/completion":
@@ -151,6 +161,7 @@ class RunnerClient:
         # Progress events during prompt processing keep bytes flowing while the runner
         # works, so the stall deadline only catches a runner that stopped.
         body["return_progress"] = True
+        await self._before_send(request, path, body)
         data = json.dumps(body, separators=(",", ":")).encode()
         async with self._slots, AsyncExitStack() as stack:
             with trio.move_on_after(self.stall_timeout) as stall:
@@ -179,7 +190,7 @@ class RunnerClient:
     async def _render(self, request: CompletionRequest) -> str:
         """The prompt llama.cpp's chat template makes of ``request``'s messages."""
         _, body = chat_request(request, self.context_length, self._name)
-        template = {k: body[k] for k in _TEMPLATE_FIELDS if k in body}
+        template = {k: body[k] for k in TEMPLATE_FIELDS if k in body}
         return str(json.loads(await self._call("POST", "/apply-template", template))["prompt"])
 
     async def _fitted_prompt(self, request: CompletionRequest) -> str | list[int]:

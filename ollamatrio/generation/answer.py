@@ -28,6 +28,7 @@ class Answer:
     # engine reported them; empty unless the request asked.
     logprobs: tuple[Mapping[str, Any], ...]
     done_reason: str  # "stop" or "length"
+    stop_sequence: str  # the stop sequence that ended it ("" when none did)
     context: tuple[int, ...]  # prompt and answer as token ids, when the request asked
     timings: Timings
 
@@ -57,6 +58,7 @@ class Fold:
             tool_calls=tuple(self._tool_calls),
             logprobs=tuple(self._logprobs),
             done_reason=final.done_reason or "stop",
+            stop_sequence=final.stop_sequence,
             context=tuple(final.context),
             timings=gen.timings(final),
         )

@@ -109,6 +109,7 @@ def _with_common(
         logprobs=req.logprobs,
         top_logprobs=req.top_logprobs,
         truncate=req.truncate,
+        report_stop=isinstance(req, ChatRequest) and req.report_stop,
         # Ollama returns the token context on /api/generate except in raw mode.
         context=req.context if isinstance(req, GenerateRequest) else (),
         return_context=isinstance(req, GenerateRequest) and not req.raw,

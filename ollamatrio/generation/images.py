@@ -46,5 +46,11 @@ def check_image(image: str, n: int = 1) -> None:
         data = base64.b64decode(image.replace("\r", "").replace("\n", ""), validate=True)
     except (binascii.Error, ValueError):
         raise InvalidRequestError(f"invalid image {n}: not valid base64") from None
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        # Ollama converts WebP to PNG itself (Go's x/image/webp); llama.cpp cannot decode
+        # it and this server has no image codec, so the client is told what to send.
+        raise InvalidRequestError(
+            f"invalid image {n}: WebP is not supported; send it as {_FORMATS}"
+        )
     if not data.startswith(_SIGNATURES):
         raise InvalidRequestError(f"invalid image {n}: not a {_FORMATS} image")

@@ -65,7 +65,7 @@ class ProgressWriter:
         try:
             async with scheduler.events.subscribe() as events:
                 task_status.started()
-                runner = scheduler.runner(request.model_path, embedding=request.embedding_only)
+                runner = scheduler.runner(request.model_path)
                 if runner is not None and runner.state is RunnerState.LOADING:
                     await self._line(*runner.load_progress)  # a load already under way
                 while not self._stopping:

@@ -68,6 +68,9 @@ class ChatRequest:
     top_logprobs: int = 0
     truncate: bool = True  # drop the oldest messages that do not fit the context
     shift: bool | None = None  # context shift; None: the model's default (B27)
+    # The dialect says which stop sequence ended the answer (Anthropic's stop_sequence):
+    # the final chunk must name it, which costs a chat its own matching (llamacpp_wire).
+    report_stop: bool = False
 
     @property
     def has_images(self) -> bool:

@@ -31,6 +31,9 @@ def build_params(config: RunnerConfig, plan: LoadPlan) -> xlc.CommonParams:
     p.endpoint_slots = True
     p.verbosity = config.verbosity
     p.cache_ram_mib = config.cache_ram_mib
+    if config.slot_save_dir:
+        # llama.cpp joins this and the file name without a separator of its own.
+        p.slot_save_path = config.slot_save_dir.rstrip("/") + "/"
     p.fit_params = False  # the scheduler decides sizes; no dry-run load
 
     p.n_ctx = plan.n_ctx

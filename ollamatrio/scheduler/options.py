@@ -1,7 +1,9 @@
 """Load-time options: what a request asks of a runner, and when a loaded runner won't do.
 
 Only load-time options matter here (Ollama B26: num_ctx, num_batch, num_gpu, main_gpu,
-use_mmap, num_thread); sampling options never cause a reload.
+use_mmap, num_thread); sampling options never cause a reload.  Whether the runner computes
+embeddings is a load-time choice too (llama.cpp's ``embedding`` flag): a runner loaded with
+it also generates, so it serves every request for its model file.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class LoadOptions:
     num_thread: int
     num_parallel: int
     context_shift: bool = True  # B27: the request's shift, else on (off for deepseek2)
+    embeddings: bool = False  # loaded in embedding mode: it embeds, and generates too
 
 
 def _int_option(options: Mapping[str, Any], key: str) -> int | None:
@@ -78,11 +81,17 @@ def resolve_load_options(
     train_ctx: int,
     num_parallel: int,
     embedding_only: bool,
+    embeddings: bool = False,
     architecture: str = "",
     has_projector: bool = False,
     shift: bool | None = None,
 ) -> LoadOptions:
-    """Turn merged request options into what the runner is loaded with (B1, B13, B14, B16, B37)."""
+    """Turn merged request options into what the runner is loaded with (B1, B13, B14, B16, B37).
+
+    ``embedding_only``: the model cannot generate (one slot, B13); ``embeddings``: the
+    request needs embeddings, so the runner is loaded in embedding mode (always so for an
+    embedding-only model)."""
+    embeddings = embeddings or embedding_only
     requested_ctx = _int_option(options, "num_ctx")
     num_ctx_auto = requested_ctx is None and not context_length_configured
     num_ctx = requested_ctx if requested_ctx is not None and requested_ctx > 0 else default_num_ctx
@@ -97,9 +106,10 @@ def resolve_load_options(
     requested_batch = _int_option(options, "num_batch")
     if requested_batch is not None and requested_batch > 0:
         num_batch, batch_auto = requested_batch, False
-    elif embedding_only:
-        # An embedding input must fit in one batch (llama.cpp pools per ubatch).
-        num_batch, batch_auto = min(2048, num_ctx), False
+    elif embeddings:
+        # An embedding input must fit in one batch (llama.cpp pools per ubatch).  Still the
+        # server's choice (automatic), so generation requests share this runner.
+        num_batch, batch_auto = min(2048, num_ctx), True
     else:
         num_batch, batch_auto = 512, True
     num_batch = min(num_batch, num_ctx * slots)
@@ -117,25 +127,32 @@ def resolve_load_options(
         num_thread=max(0, num_thread or 0),
         num_parallel=slots,
         context_shift=shift if shift is not None else architecture != "deepseek2",
+        embeddings=embeddings,
     )
 
 
 def needs_reload(loaded: LoadOptions, wanted: LoadOptions) -> bool:
-    """B26 with one deliberate improvement: a runner loaded with a *larger* explicit context
-    serves a request for a smaller one (the most common reload-thrash complaint, spec §6.1)."""
+    """B25/B26 as Ollama decides: any load-time option that differs reloads, a smaller
+    context included (a runner with other options never silently serves a request).
+    Normalised first: a negative ``num_gpu`` asks for no particular count; an automatic
+    ``num_ctx`` or ``num_batch`` on both sides is not compared.  Beyond Ollama's list: the
+    parallel slot count, and embedding mode (a runner without it cannot embed; one with it
+    serves generation as well, so it never reloads for that)."""
     if wanted.num_gpu >= 0 and wanted.num_gpu != loaded.num_gpu:
         return True
-    if not (loaded.num_ctx_auto and wanted.num_ctx_auto) and wanted.num_ctx > loaded.num_ctx:
+    if not (loaded.num_ctx_auto and wanted.num_ctx_auto) and wanted.num_ctx != loaded.num_ctx:
         return True
     both_auto_batch = loaded.num_batch_auto and wanted.num_batch_auto
     if not both_auto_batch and wanted.num_batch != loaded.num_batch:
         return True
-    if wanted.main_gpu is not None and wanted.main_gpu != loaded.main_gpu:
+    if wanted.main_gpu != loaded.main_gpu:  # unset places differently from 0 (placement.py)
         return True
-    if wanted.use_mmap is not None and wanted.use_mmap != loaded.use_mmap:
+    if wanted.use_mmap != loaded.use_mmap:
         return True
-    if wanted.num_thread and wanted.num_thread != loaded.num_thread:
+    if wanted.num_thread != loaded.num_thread:
         return True
     if wanted.context_shift != loaded.context_shift:
         return True  # B25: a load-time choice of llama.cpp's
+    if wanted.embeddings and not loaded.embeddings:
+        return True
     return wanted.num_parallel != loaded.num_parallel

@@ -20,8 +20,6 @@ from ..gguf import GGUFInfo
 from .options import LoadOptions
 from .runner import Runner
 
-EMBEDDING_KEY_SUFFIX = "#embedding"
-
 
 @dataclass(frozen=True)
 class ModelRequest:
@@ -33,7 +31,8 @@ class ModelRequest:
     keep_alive: float | None = None  # None: keep the runner's current value
     adapters: tuple[str, ...] = ()
     projector: str | None = None
-    embedding_only: bool = False
+    embedding_only: bool = False  # the model cannot generate (B13: one slot)
+    embeddings: bool = False  # the request needs a runner in embedding mode
     shift: bool | None = None  # context shift (B27); None: the default for the model
     chat_template: str | None = None
     digest: str = ""
@@ -41,9 +40,9 @@ class ModelRequest:
 
     @property
     def key(self) -> str:
-        """Runners are shared by file (B2) and mode: a chat model asked for embeddings gets
-        a runner of its own, loaded in embedding mode."""
-        return self.model_path + EMBEDDING_KEY_SUFFIX if self.embedding_only else self.model_path
+        """Runners are shared by model file (B2): one runner per file, whatever the name it
+        was asked for by; a request the runner cannot serve as loaded reloads it."""
+        return self.model_path
 
 
 @dataclass

@@ -98,6 +98,7 @@ class Runner:
         self.memory = MemoryUsage(total=placement.total, vram_by_gpu=dict(placement.vram_by_gpu))
         self.context_length = load.num_ctx
         self.loaded = trio.Event()  # set once: ready or failed
+        self.stopped = False  # its process has exited (it may still wait for its VRAM)
         self.scope = trio.CancelScope()  # the runner task's whole life
         self.slots = trio.Semaphore(load.num_parallel)
         self.load_started = trio.current_time()
@@ -156,6 +157,10 @@ class Runner:
         self.loaded.set()
         self._notify()
 
+    def mark_stopped(self) -> None:
+        self.stopped = True
+        self._notify()
+
     def evict(self) -> None:
         """Unload as soon as the requests using it (or waiting for its load) are done.
         Later requests may still use it (B30), but only for a while: see ``reusable``."""
@@ -198,6 +203,10 @@ class Runner:
                 await changed.wait()
 
     # -- introspection ------------------------------------------------------------------
+
+    def stopped_or_taken(self) -> bool:
+        """Its process has exited, or a request took it on its way out (B30)."""
+        return self.stopped or self.refs > 0
 
     @property
     def reusable(self) -> bool:

@@ -88,7 +88,7 @@ class RunnerTasks:
             kv_cache_type=settings.kv_cache_type,
             flash_attention=settings.flash_attention,
             use_mmap=use_mmap,
-            embedding=request.embedding_only,
+            embedding=load.embeddings,
             context_shift=load.context_shift,
             adapters=request.adapters,
             projector=request.projector,
@@ -150,6 +150,7 @@ class RunnerTasks:
             self._failed(runner, RunnerError(f"runner failed: {exc}"))
         finally:
             runner.mark_failed(runner.error or RunnerError("runner unloaded"))
+            runner.mark_stopped()
             if vram_baseline is not None:
                 with trio.CancelScope(shield=True):
                     await wait_for_vram_recovery(self._devices, runner, vram_baseline)

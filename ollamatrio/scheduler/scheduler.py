@@ -52,7 +52,7 @@ from .events import EventHub, EventKind, EvictReason, SchedulerEvent
 from .options import LoadOptions, default_context_length, resolve_load_options
 from .placement import Placement
 from .policy import Fail, Load, compatible, decide, retry_after_oom
-from .requests import EMBEDDING_KEY_SUFFIX, Lease, ModelRequest, PendingRequest
+from .requests import Lease, ModelRequest, PendingRequest
 from .runner import Runner, RunnerInfo, RunnerState
 from .runner_task import RunnerTasks
 
@@ -138,18 +138,34 @@ class Scheduler:
                 runner.scope.cancel()
         return unloaded
 
+    async def stop(self, model_path: str) -> bool:
+        """:meth:`unload`, then wait until each runner of the model that had no request has
+        stopped (its process exited), so that ``/api/ps`` no longer lists it when the
+        caller answers.  A busy runner is not waited for: it finishes its requests first,
+        listed as unloading meanwhile (as Ollama answers at once and lists it)."""
+        idle = [
+            r for r in self._runners.values()
+            if r.spec.model_path == model_path and r.refs == 0 and r.waiters == 0
+        ]  # fmt: skip
+        unloaded = self.unload(model_path)
+        for runner in idle:
+            await runner.wait_until(runner.stopped_or_taken)
+        return unloaded
+
     def unload_all(self) -> None:
         for runner in list(self._runners.values()):
             self.unload(runner.spec.model_path)
 
     def ps(self) -> list[RunnerInfo]:
-        """Every runner, latest expiry first (B65): loading, ready and unloading (until its
-        process has exited and its memory is free again).  A runner's ``queued`` includes
-        the pending requests for its model file that it has not taken yet."""
+        """Every runner, latest expiry first (B65): loading, ready and unloading until its
+        process has exited (as Ollama, which takes a model off its list before waiting for
+        its VRAM to come back; the placement pass counts it until then).  A runner's
+        ``queued`` includes the pending requests for its model file that it has not taken
+        yet."""
         pending: dict[str, int] = {}
         for p in self._pending:
             pending[p.request.key] = pending.get(p.request.key, 0) + 1
-        infos = [r.info(pending.get(key, 0)) for key, r in self._runners.items()]
+        infos = [r.info(pending.get(key, 0)) for key, r in self._runners.items() if not r.stopped]
         return sorted(
             infos, key=lambda i: math.inf if i.expires_at is None else i.expires_at, reverse=True
         )
@@ -158,13 +174,9 @@ class Scheduler:
         """Every runner the scheduler holds (loading, ready, unloading); for metrics."""
         return list(self._runners.values())
 
-    def runner(self, model_path: str, *, embedding: bool | None = None) -> Runner | None:
-        """The resident (or loading) runner for a model file, if any: in embedding mode or
-        not as ``embedding`` says, or either (the generation one first)."""
-        plain = self._runners.get(model_path) if not embedding else None
-        if plain is not None or embedding is False:
-            return plain
-        return self._runners.get(model_path + EMBEDDING_KEY_SUFFIX)
+    def runner(self, model_path: str) -> Runner | None:
+        """The runner (loading, ready or unloading) for a model file, if any."""
+        return self._runners.get(model_path)
 
     def load_needed(self, request: ModelRequest) -> bool:
         """Whether a lease for ``request`` would wait for a load, as far as can be told now
@@ -331,6 +343,7 @@ class Scheduler:
             train_ctx=info.context_length,
             num_parallel=configured.num_parallel or self.settings.num_parallel,
             embedding_only=request.embedding_only,
+            embeddings=request.embeddings,
             architecture=info.architecture,
             has_projector=request.projector is not None,
             shift=request.shift,

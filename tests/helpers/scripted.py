@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
-from ollamatrio.types import Chunk, CompletionRequest, LoadSpec, ToolCall
+from ollamatrio.types import Chunk, CompletionRequest, LoadSpec, ToolCall, ToolCallDelta
 
 FAST = SimulatedBehaviour(load_seconds=0.01, tokens_per_second=2000)
 
@@ -21,6 +21,19 @@ def weather_call(name: str, *, content: str = "", call_id: str = "") -> list[Chu
     chunks.append(Chunk(tool_calls=[ToolCall(name, {"city": "Paris"}, call_id)]))
     chunks.append(Chunk(done=True, done_reason="stop", prompt_eval_count=7, eval_count=5))
     return chunks
+
+
+def weather_call_written(name: str) -> list[Chunk]:
+    """Text, then one call of tool ``name`` as a model writes it (its start, then its
+    arguments in pieces, as llama.cpp's chat stream gives them), then the whole call."""
+    return [
+        Chunk(content="Let me look."),
+        Chunk(tool_call_deltas=[ToolCallDelta(0, "call_w", name)]),
+        Chunk(tool_call_deltas=[ToolCallDelta(0, arguments='{"city":')]),
+        Chunk(tool_call_deltas=[ToolCallDelta(0, arguments='"Paris"}')]),
+        Chunk(tool_calls=[ToolCall(name, {"city": "Paris"}, "call_w")]),
+        Chunk(done=True, done_reason="stop", prompt_eval_count=7, eval_count=9),
+    ]
 
 
 class ScriptedEngine:

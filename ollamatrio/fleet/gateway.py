@@ -1,0 +1,348 @@
+"""``ollamatrio fleet gateway``: one address in front of several ollamatrio hosts.
+
+The gateway is an ASGI app served by the project's own front door (``http/front.py``: the
+head parsing, keep-alive, body deadlines, connection budget and drain of ``serve``).  For
+each request it reads the body (a blob upload is streamed instead), takes its ``model``
+field (or ``name``, as ``/api/show`` and ``/api/pull`` accept), asks the routing policy
+(``fleet/policy.py``, over the host table of ``fleet/gateway_hosts.py``) for the hosts in
+order, and sends the request to the first that takes it, over that host's keep-alive pool
+(``fleet/gateway_upstream.py``).  The answer goes back as it arrives, each piece the host
+wrote one piece to the client: the body bytes are never parsed.
+
+* A host that cannot be reached, or fails before its answer starts, or answers 503 (its
+  queue is full) while another host could take the request: the next host is tried (the
+  body is in hand, and the client has seen nothing yet).
+* The client leaves mid-answer: the host's connection is closed, which is how the host
+  learns it, and it frees the generation's slot.
+* The host dies mid-stream: a streamed answer (NDJSON or SSE) ends with one error line in
+  its dialect's shape, as the host itself ends a stream that fails; another answer's
+  connection is closed.
+
+Requests that name no model (``/api/tags``, ``/api/version``, ``/``) go to the first host
+that is up; with one shared model store (``OLLAMA_MODELS`` on shared storage) every host
+answers them alike.  ``/api/ps``, ``/metrics`` and ``/api/events`` are the gateway's own,
+fleet-wide answers (``fleet/gateway_fleetwide.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from socket import socket
+from typing import Any, Final
+
+import orjson
+import trio
+
+from ..api import anthropic_wire, openai_wire
+from ..api.anthropic_stream import MessageEvents
+from ..api.native_stream import GenerateLines
+from ..api.openai_stream import ChatEvents
+from ..api.requests import MAX_JSON_BODY
+from ..config import Settings
+from ..http.front import serve_http
+from ..serve import hypercorn_config
+from . import gateway_fleetwide as fleetwide
+from .gateway_hosts import Host, HostTable, model_key
+from .gateway_upstream import BodyReader, HostConnectionError, ResponseHead, Upstream
+from .policy import Choice
+
+log = logging.getLogger(__name__)
+
+ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
+ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
+
+# Headers that describe one hop, not the request: the gateway frames its own.
+_HOP: Final = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
+    b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect",
+})  # fmt: skip
+_ANSWER_HOP: Final = frozenset({
+    b"connection", b"keep-alive", b"transfer-encoding", b"date", b"trailer",
+})  # fmt: skip
+_BLOBS: Final = "/api/blobs/"
+_STREAMED_TYPES: Final = (b"application/x-ndjson", b"text/event-stream")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one request may go: the hosts in order, and what each choice was."""
+
+    hosts: list[tuple[Host, str | None]]  # (host, decision kind) ; kind None: no model
+    model: str | None  # the model key
+
+
+def model_of(body: bytes) -> str | None:
+    """The ``model`` (else ``name``) field of a JSON object body, if there is one."""
+    if not body.lstrip().startswith(b"{"):
+        return None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    for field in ("model", "name"):
+        value = data.get(field)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def error_body(path: str, message: str, status: int) -> bytes:
+    """An error answer in the shape of the route's dialect."""
+    if path.startswith("/v1/messages"):
+        return orjson.dumps(anthropic_wire.error_object(message, status))
+    if path.startswith("/v1/"):
+        return orjson.dumps(openai_wire.error_object(message, status))
+    return orjson.dumps({"error": message})
+
+
+def error_line(path: str, content_type: bytes, message: str) -> bytes:
+    """The last piece of a stream that a dying host cut: one error line, as the host's own
+    encoder writes it for a stream that fails (``api/*_stream.py``)."""
+    status = 502
+    if content_type.startswith(b"application/x-ndjson"):
+        return GenerateLines("").error(message, status)
+    if path.startswith("/v1/messages"):
+        return MessageEvents("").error(message, status)
+    if path.startswith("/v1/responses"):
+        error = openai_wire.error_object(message, status)["error"]
+        data = {"type": "error", "code": error["type"], "message": message, "param": None}
+        return b"event: error\ndata: " + orjson.dumps(data) + b"\n\n"
+    return ChatEvents("", include_usage=False).error(message, status)
+
+
+class Gateway:
+    """The gateway's ASGI app."""
+
+    def __init__(self, table: HostTable) -> None:
+        self.table = table
+
+    async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+
+    async def _http(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        if method == "GET" and path in fleetwide.FLEETWIDE:
+            await fleetwide.answer(self.table, path, receive, send)
+            return
+        length = next((v for k, v in headers if k == b"content-length"), None)
+        streamed = method == "POST" and path.startswith(_BLOBS)
+        if streamed and length is None:
+            await _answer(send, 411, error_body(path, "a blob upload needs a Content-Length", 411))
+            return
+        body = b""
+        if not streamed:
+            if length is not None and int(length) > MAX_JSON_BODY:
+                message = f"request body exceeds {MAX_JSON_BODY} bytes"
+                await _answer(send, 413, error_body(path, message, 413))
+                return
+            read = await _read_body(receive)
+            if read is None:
+                return  # the client left
+            body = read
+        target = self._target(method, body)
+        if not target.hosts:
+            await _answer(send, 503, error_body(path, "no host of the fleet is up", 503))
+            return
+        head = _request_head(scope, len(body) if not streamed else int(length or 0))
+        last = len(target.hosts) - 1
+        for index, (host, kind) in enumerate(target.hosts):
+            with self.table.sending(host, target.model, kind):
+                try:
+                    if streamed:
+                        conn, answer = await _send_streamed(host, head, receive)
+                    else:
+                        request = head + host.pool.authority + b"\r\n\r\n" + body
+                        conn, answer = await host.pool.send(request)
+                except HostConnectionError as exc:
+                    log.warning("%s %s: host %s failed: %s", method, path, host.name, exc)
+                    if index < last and not streamed:
+                        continue
+                    message = f"the fleet's host failed: {exc}"
+                    await _answer(send, 502, error_body(path, message, 502))
+                    return
+                if answer.status == 503 and index < last and not streamed:
+                    # The host's queue is full: the next host may take it.
+                    self.table.refused(host)
+                    await _discard(host, conn, answer)
+                    continue
+                await _relay(host, conn, answer, method, path, receive, send)
+                return
+
+    def _target(self, method: str, body: bytes) -> Target:
+        name = model_of(body) if method in ("POST", "DELETE") else None
+        if name is None:
+            return Target([(h, None) for h in self.table.default()], None)
+        model = model_key(name)
+        hosts = self.table.hosts
+        choices: list[Choice] = self.table.choose(model)
+        return Target([(hosts[c.host], c.kind) for c in choices], model)
+
+
+async def _lifespan(receive: ASGIReceive, send: ASGISend) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _answer(send: ASGISend, status: int, body: bytes) -> None:
+    await send({
+        "type": "http.response.start", "status": status,
+        "headers": [(b"content-type", b"application/json; charset=utf-8")],
+    })  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive: ASGIReceive) -> bytes | None:
+    """The whole request body; None if the client left first."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+def _request_head(scope: dict[str, Any], length: int) -> bytes:
+    """The request head for a host, up to its ``host:`` value (the host fills that in)
+    and with its own framing: the client's hop-by-hop headers are dropped."""
+    target = scope["raw_path"]
+    if scope["query_string"]:
+        target += b"?" + scope["query_string"]
+    lines = [b"%b %b HTTP/1.1\r\n" % (scope["method"].encode(), target)]
+    lines += [
+        name + b": " + value + b"\r\n" for name, value in scope["headers"] if name not in _HOP
+    ]
+    if length or scope["method"] in ("POST", "PUT", "PATCH"):
+        lines.append(b"content-length: %d\r\n" % length)
+    lines.append(b"host: ")
+    return b"".join(lines)
+
+
+async def _send_streamed(
+    host: Host, head: bytes, receive: ASGIReceive
+) -> tuple[Upstream, ResponseHead]:
+    """A request whose body is streamed to the host as the client sends it (blob uploads),
+    on a fresh connection: a body half-sent cannot be sent again."""
+    conn = await host.pool.connect()
+    try:
+        try:
+            await conn.stream.send_all(head + host.pool.authority + b"\r\n\r\n")
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise HostConnectionError("the client left during the upload")
+                if piece := message.get("body", b""):
+                    await conn.stream.send_all(piece)
+                if not message.get("more_body", False):
+                    break
+        except (trio.BrokenResourceError, OSError) as exc:
+            raise HostConnectionError(f"connection to the host failed: {exc}") from exc
+        return conn, await conn.read_head()
+    except BaseException:
+        conn.close()
+        raise
+
+
+async def _discard(host: Host, conn: Upstream, answer: ResponseHead) -> None:
+    reader = BodyReader(conn, answer, no_body=False)
+    try:
+        await reader.read_all()
+    except HostConnectionError:
+        conn.close()
+        return
+    if reader.keep_alive:
+        host.pool.give_back(conn)
+    else:
+        conn.close()
+
+
+async def _relay(
+    host: Host, conn: Upstream, answer: ResponseHead, method: str, path: str,
+    receive: ASGIReceive, send: ASGISend,
+) -> None:  # fmt: skip
+    """The host's answer to the client as it comes; the connection back to the pool when
+    the answer was read whole, else closed (the host learns the client left)."""
+    no_body = method == "HEAD" or answer.status in (204, 304) or answer.status < 200
+    reader = BodyReader(conn, answer, no_body=no_body)
+    headers = [(k, v) for k, v in answer.headers if k not in _ANSWER_HOP]
+    content_type = answer.header(b"content-type") or b""
+    complete = False
+    failure: HostConnectionError | None = None
+    try:
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            try:
+                while not reader.done:
+                    piece = await reader.next()
+                    if piece or reader.done:
+                        await send({"type": "http.response.body", "body": piece,
+                                    "more_body": not reader.done})  # fmt: skip
+                complete = True
+            except HostConnectionError as exc:
+                failure = exc
+            nursery.cancel_scope.cancel()
+    finally:
+        if complete and reader.keep_alive:
+            host.pool.give_back(conn)
+        else:
+            conn.close()  # mid-answer: the host sees its client leave
+    if failure is None:
+        return
+    log.warning("%s %s: host %s failed mid-answer: %s", method, path, host.name, failure)
+    if answer.status == 200 and content_type.startswith(_STREAMED_TYPES):
+        line = error_line(path, content_type, f"the fleet's host {host.name} failed: {failure}")
+        await send({"type": "http.response.body", "body": line, "more_body": False})
+    # Otherwise the answer stays unfinished: the front door closes the connection.
+
+
+async def _cancel_on_disconnect(receive: ASGIReceive, scope: trio.CancelScope) -> None:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        scope.cancel()
+
+
+@dataclass(frozen=True)
+class RunningGateway:
+    url: str
+    table: HostTable
+
+
+async def serve_gateway(
+    hosts: list[str] | HostTable,
+    settings: Settings,
+    *,
+    shutdown_trigger: Callable[..., Awaitable[None]] | None = None,
+    listener: socket | None = None,
+    task_status: trio.TaskStatus[RunningGateway] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the gateway for ``hosts`` (``http://HOST:PORT`` each, or a table that learns
+    them as they come) on ``listener`` (else ``settings.bind``) until ``shutdown_trigger``
+    returns."""
+    table = hosts if isinstance(hosts, HostTable) else HostTable(hosts)
+    app = Gateway(table)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(table.run)
+
+        async def serve(task_status: trio.TaskStatus[list[str]]) -> None:
+            await serve_http(
+                app, hypercorn_config(settings, listener), shutdown_trigger=shutdown_trigger,
+                body_timeout=settings.body_timeout, task_status=task_status,
+            )  # fmt: skip
+            nursery.cancel_scope.cancel()  # the watchers end with the server
+
+        binds = await nursery.start(serve)
+        task_status.started(RunningGateway(binds[0], table))
