@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import InvalidRequestError
 from ..generation.answer import Answer
 from ..generation.requests import ChatRequest, Message, Think, ToolCall
+from .billing_header import without_billing_block
 from .requests import check_option, get_bool, get_model, get_str, merge_options
 
 # Anthropic's error types by HTTP status (its documented table); anything else is api_error.
@@ -138,7 +139,8 @@ def thinking(value: Any) -> Think:
 
 
 def system_messages(system: Any) -> tuple[Message, ...]:
-    """``system`` as a string or a list of text blocks: one system message."""
+    """``system`` as a string or a list of text blocks: one system message.  Claude Code's
+    billing block, when it is the first block, is left out (:mod:`.billing_header`)."""
     if system is None or system == "":
         return ()
     if isinstance(system, str):
@@ -150,7 +152,8 @@ def system_messages(system: Any) -> tuple[Message, ...]:
         if not isinstance(block, dict) or block.get("type") != "text":
             raise InvalidRequestError("system: expected a string or a list of text blocks")
         texts.append(_block_text(block, "system"))
-    return (Message("system", "\n".join(texts)),) if texts else ()
+    kept = without_billing_block(texts)
+    return (Message("system", "\n".join(kept)),) if kept else ()
 
 
 def chat_messages(messages: Sequence[Any]) -> tuple[Message, ...]:
