@@ -187,7 +187,7 @@ def test_malformed_calls_the_runner_parsed_are_text_and_counted() -> None:
     )
     assert [c.content for c in chunks if c.content] == [
         "Let me see.",
-        '{"name": "get_weather", "arguments": {"city": Paris}\n{"name": "", "arguments": {}}',
+        '\n{"name": "get_weather", "arguments": {"city": Paris}\n{"name": "", "arguments": {}}',
     ]
     assert [c.tool_calls for c in chunks if c.tool_calls] == [
         [ToolCall("get_time", {"city": "Paris"}, "c0")]

@@ -345,6 +345,7 @@ class ChatStream:
     stop: tuple[str, ...] = ()
     forced_call: bool = False  # the answer is one call spelled as JSON (forced_call.py)
     _forced_text: str = ""
+    _wrote_text: bool = False  # a malformed call's text then starts on a line of its own
     _finish_reason: str | None = None
     _timings: Mapping[str, Any] | None = None
     _calls: dict[int, _CallDeltas] = field(default_factory=dict)
@@ -369,6 +370,7 @@ class ChatStream:
                 content = ""
             if content and self._matcher is not None:
                 content = self._matcher.feed(content)
+            self._wrote_text = self._wrote_text or bool(content)
             thinking = delta.get("reasoning_content") or ""
             probabilities = (choice.get("logprobs") or {}).get("content")
             logprobs = ollama_logprobs(probabilities, self.top_logprobs)
@@ -411,7 +413,7 @@ class ChatStream:
             call = forced_call(self._forced_text)
             calls.append(call) if call is not None else texts.append(self._forced_text)
         if texts:
-            chunks.append(Chunk(content="\n".join(texts)))
+            chunks.append(Chunk(content="\n" * (self._wrote_text or bool(held)) + "\n".join(texts)))
         if good := [call for call in calls if not is_malformed(call)]:
             chunks.append(Chunk(tool_calls=good))
         reason = "length" if self._finish_reason == "length" else "stop"
