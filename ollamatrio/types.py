@@ -158,6 +158,15 @@ class Message:
 
 
 @dataclass(frozen=True)
+class ToolChoice:
+    """Whether the answer must be a tool call (the ``tool_choice`` of the OpenAI and
+    Anthropic dialects; ``none`` never gets here: the dialect offers no tools then)."""
+
+    required: bool = False  # a call, not text
+    name: str = ""  # with ``required``: the one function the call must name
+
+
+@dataclass(frozen=True)
 class CompletionRequest:
     """One generation request in Ollama's terms; engines translate it for llama.cpp.
 
@@ -172,6 +181,7 @@ class CompletionRequest:
     options: Mapping[str, Any] = field(default_factory=dict)  # Ollama sampling options
     format: str | Mapping[str, Any] | None = None  # "json" or a JSON schema
     tools: Sequence[Mapping[str, Any]] | None = None
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
     think: bool | str | None = None
     images: Sequence[str] = ()  # base64
     logprobs: bool = False
@@ -208,6 +218,8 @@ class Chunk:
     eval_count: int = 0
     eval_duration: int = 0  # ns
     context: tuple[int, ...] = ()  # on the final chunk, when the request asked for it
+    # On the final chunk: tool calls the model wrote malformed (returned as text instead).
+    malformed_tool_calls: int = 0
 
 
 @dataclass(frozen=True)

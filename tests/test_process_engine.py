@@ -376,8 +376,9 @@ def test_chat_stream_joins_tool_call_deltas() -> None:
 
 
 def test_chat_stream_tool_calls_become_records_in_their_order() -> None:
-    """Several calls, their deltas interleaved; arguments that are not a JSON object stay
-    the text the model wrote; a call without id or arguments gets empty ones."""
+    """Several calls, their deltas interleaved; a call without id or arguments gets empty
+    ones; calls whose arguments are not a JSON object come back as the text the model
+    wrote, counted as malformed (engines/forced_call.py)."""
     stream = ChatStream()
 
     def delta(*calls: dict[str, Any]) -> dict[str, Any]:
@@ -392,13 +393,13 @@ def test_chat_stream_tool_calls_become_records_in_their_order() -> None:
     ]
     chunks = [chunk for event in events for chunk in stream.feed(event)]
     assert [delta.index for chunk in chunks for delta in chunk.tool_call_deltas] == [1, 0, 2, 1]
-    calls, final = stream.finish()
-    assert calls.tool_calls == [
-        ToolCall("first", {}),
-        ToolCall("second", "{oops}", id="b"),
-        ToolCall("third", "[1, 2]", id="c"),
-    ]
+    text, calls, final = stream.finish()
+    assert text.content == (
+        '{"name": "second", "arguments": {oops}}\n{"name": "third", "arguments": [1, 2]}'
+    )
+    assert calls.tool_calls == [ToolCall("first", {})]
     assert final.done
+    assert final.malformed_tool_calls == 2
 
 
 @pytest.mark.parametrize(

@@ -95,6 +95,47 @@ async def test_pulling_an_unknown_model_fails_like_ollama(
             assert streaming.value.error == "pull model manifest: file does not exist"
 
 
+async def test_a_present_model_pulls_offline_and_a_newer_manifest_still_updates(
+    api_server: Any, published: str, registry: FakeRegistry, tiny_gguf: Callable[..., Path]
+) -> None:
+    """A model in the store keeps its local copy when its registry does not know the name
+    or cannot be reached (a status line says so, then success); a newer manifest is still
+    pulled as usual.  A model that is not in the store still fails."""
+    # Port 1 on the loopback: nothing listens, the connection is refused at once.
+    unreachable = "127.0.0.1:1/library/offline:latest"
+    with trio.fail_after(30):
+        async with running(api_server) as (srv, client):
+            await client.pull(published, insecure=True)
+            digest = srv.store.resolve(published).digest
+
+            del registry.manifests["library/pulled:latest"]
+            events = [e async for e in await client.pull(published, insecure=True, stream=True)]
+            assert [e.status for e in events] == [
+                "pulling manifest",
+                "pull model manifest: file does not exist; using the local copy",
+                "success",
+            ]
+            assert srv.store.resolve(published).digest == digest
+
+            await client.copy(published, unreachable)
+            events = [e async for e in await client.pull(unreachable, insecure=True, stream=True)]
+            assert events[-1].status == "success"
+            assert events[-2].status.startswith("pull model manifest: ")
+            assert events[-2].status.endswith("; using the local copy")
+            assert (await client.pull(unreachable, insecure=True)).status == "success"
+
+            gguf = tiny_gguf(layers=4).read_bytes()
+            registry.add_model("library/pulled:latest", [(MEDIA_MODEL, gguf)])
+            events = [e async for e in await client.pull(published, insecure=True, stream=True)]
+            assert events[-1].status == "success"
+            assert "writing manifest" in [e.status for e in events]
+            assert srv.store.resolve(published).digest != digest
+
+            with pytest.raises(ollama.ResponseError) as caught:
+                await client.pull("127.0.0.1:1/library/absent:latest", insecure=True)
+            assert caught.value.error.startswith("pull model manifest: ")
+
+
 async def test_invalid_name_is_a_400(api_server: Any) -> None:
     with trio.fail_after(30):
         async with running(api_server) as (_srv, client):

@@ -24,7 +24,9 @@ from typing import Any
 from ..errors import InvalidRequestError
 from ..generation.answer import Answer
 from ..generation.requests import ChatRequest, Message, Think, ToolCall
+from .billing_header import without_billing_block
 from .requests import check_option, get_bool, get_model, get_str, merge_options
+from .tool_choice import anthropic_tool_choice
 
 # Anthropic's error types by HTTP status (its documented table); anything else is api_error.
 _ERROR_TYPES: Mapping[int, str] = {
@@ -94,10 +96,12 @@ def _chat_request(body: Mapping[str, Any], model: str) -> ChatRequest:
     if not isinstance(raw, list) or not raw:
         raise InvalidRequestError("messages is required")
     messages = system_messages(body.get("system")) + chat_messages(raw)
+    offered, choice = anthropic_tool_choice(tools(body.get("tools")), body.get("tool_choice"))
     return ChatRequest(
         model=model,
         messages=messages,
-        tools=tools(body.get("tools"), body.get("tool_choice")),
+        tools=offered,
+        tool_choice=choice,
         options=sampling_options(body),
         think=thinking(body.get("thinking")),
         stream=get_bool(body, "stream", False),
@@ -143,7 +147,8 @@ def thinking(value: Any) -> Think:
 
 
 def system_messages(system: Any) -> tuple[Message, ...]:
-    """``system`` as a string or a list of text blocks: one system message."""
+    """``system`` as a string or a list of text blocks: one system message.  Claude Code's
+    billing block, when it is the first block, is left out (:mod:`.billing_header`)."""
     if system is None or system == "":
         return ()
     if isinstance(system, str):
@@ -155,7 +160,8 @@ def system_messages(system: Any) -> tuple[Message, ...]:
         if not isinstance(block, dict) or block.get("type") != "text":
             raise InvalidRequestError("system: expected a string or a list of text blocks")
         texts.append(_block_text(block, "system"))
-    return (Message("system", "\n".join(texts)),) if texts else ()
+    kept = without_billing_block(texts)
+    return (Message("system", "\n".join(kept)),) if kept else ()
 
 
 def chat_messages(messages: Sequence[Any]) -> tuple[Message, ...]:
@@ -293,16 +299,14 @@ def _block_text(block: Mapping[str, Any], where: str) -> str:
     return text
 
 
-def tools(value: Any, choice: Any) -> tuple[Mapping[str, Any], ...]:
+def tools(value: Any) -> tuple[Mapping[str, Any], ...]:
     """Anthropic's client tools (``name``, ``description``, ``input_schema``) as function
     tools for the model's template; server tools (a ``type`` other than ``custom``, no
-    schema) are left out, as is every tool with ``tool_choice`` ``none``."""
+    schema) are left out (and every tool with ``tool_choice`` ``none``: :mod:`.tool_choice`)."""
     if value is None:
         return ()
     if not isinstance(value, list):
         raise InvalidRequestError("tools: expected a list")
-    if isinstance(choice, dict) and choice.get("type") == "none":
-        return ()
     out = []
     for index, tool in enumerate(value):
         if not isinstance(tool, dict):

@@ -46,6 +46,7 @@ from .requests import (
     loads,
     merge_options,
 )
+from .tool_choice import openai_tool_choice
 
 SYSTEM_FINGERPRINT = "fp_ollama"
 
@@ -109,12 +110,13 @@ def chat_request(body: Mapping[str, Any]) -> OpenAiRequest[ChatRequest]:
     keep_alive = get_keep_alive(body)
     fmt = response_format(body.get("response_format"))
     think = reasoning(body)
-    tools = get_objects(body, "tools")
+    tools, choice = openai_tool_choice(get_objects(body, "tools"), body.get("tool_choice"))
     logprobs = get_bool(body, "logprobs", False)
     core = ChatRequest(
         model=model,
         messages=typed,
         tools=tools,
+        tool_choice=choice,
         format=fmt,
         options=options,
         keep_alive=keep_alive,

@@ -24,6 +24,7 @@ from ..generation.relay import Timings
 from ..generation.requests import ChatRequest, Format, Message, Think, ToolCall
 from . import openai_wire
 from .requests import check_option, get_bool, get_keep_alive, get_model, get_str
+from .tool_choice import responses_tool_choice
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def responses_call(body: Mapping[str, Any]) -> ResponsesCall:
         model=model,
         input=items,
         instructions=instructions,
-        tools=() if tool_choice == "none" else tools,
+        tools=tools,
         tool_choice=tool_choice,
         options=options,
         format=text_format(body.get("text")),
@@ -100,10 +101,13 @@ def chat_request(call: ResponsesCall, history: Sequence[Mapping[str, Any]] = ())
         messages = (Message(role="system", content=call.instructions), *messages)
     if not messages:
         raise InvalidRequestError("input is required")
+    offered = tuple(chat_tool(tool) for tool in call.tools)
+    tools, choice = responses_tool_choice(offered, call.tool_choice)
     return ChatRequest(
         model=call.model,
         messages=messages,
-        tools=tuple(chat_tool(tool) for tool in call.tools),
+        tools=tools,
+        tool_choice=choice,
         format=call.format,
         options=call.options,
         keep_alive=call.keep_alive,

@@ -20,6 +20,8 @@ from typing import Any, TypedDict
 from ollamatrio.errors import InvalidRequestError
 from ollamatrio.types import Chunk, CompletionRequest, Message, ToolCall, ToolCallDelta
 
+from .forced_call import as_text, call_schema, forced_call, is_malformed
+
 # Ollama option -> (llama.cpp request field, Ollama's default).
 SAMPLING_OPTIONS: dict[str, tuple[str, Any]] = {
     "temperature": ("temperature", 0.8),
@@ -107,10 +109,14 @@ def chat_request(
     body["messages"] = [chat_message(m, i) for i, m in enumerate(req.messages)]
     if req.tools:
         body["tools"] = [dict(tool) for tool in req.tools]
+        schema = call_schema(body["tools"], req.tool_choice)
+        if schema is not None:  # a call is required: forced by a schema (forced_call.py)
+            body["tool_choice"] = "none"
+            body["json_schema"] = schema
     if req.logprobs:
         body["logprobs"] = True
         body["top_logprobs"] = max(1, req.top_logprobs)  # 0 would report no probability
-    if req.format:
+    if req.format and "json_schema" not in body:  # a forced call's schema is its format
         schema = _format_schema(req.format)
         if req.format == "json":
             body["response_format"] = {"type": "json_object"}
@@ -337,6 +343,9 @@ class ChatStream:
     done: bool = False
     top_logprobs: int = 0
     stop: tuple[str, ...] = ()
+    forced_call: bool = False  # the answer is one call spelled as JSON (forced_call.py)
+    _forced_text: str = ""
+    _wrote_text: bool = False  # a malformed call's text then starts on a line of its own
     _finish_reason: str | None = None
     _timings: Mapping[str, Any] | None = None
     _calls: dict[int, _CallDeltas] = field(default_factory=dict)
@@ -356,8 +365,12 @@ class ChatStream:
         for choice in event.get("choices") or ():
             delta = choice.get("delta") or {}
             content = delta.get("content") or ""
+            if self.forced_call:  # held back: it is the call, not text
+                self._forced_text += content
+                content = ""
             if content and self._matcher is not None:
                 content = self._matcher.feed(content)
+            self._wrote_text = self._wrote_text or bool(content)
             thinking = delta.get("reasoning_content") or ""
             probabilities = (choice.get("logprobs") or {}).get("content")
             logprobs = ollama_logprobs(probabilities, self.top_logprobs)
@@ -393,12 +406,20 @@ class ChatStream:
         held = self._matcher.flush() if self._matcher is not None else ""
         if held:
             chunks.append(Chunk(content=held))
-        if self._calls:
-            calls = [self._calls[i] for i in sorted(self._calls)]
-            chunks.append(Chunk(tool_calls=[_tool_call(c) for c in calls]))
+        calls = [_tool_call(self._calls[i]) for i in sorted(self._calls)]
+        # Malformed calls come back as text (forced_call.py), counted on the final chunk.
+        texts = [as_text(call) for call in calls if is_malformed(call)]
+        if self.forced_call:
+            call = forced_call(self._forced_text)
+            calls.append(call) if call is not None else texts.append(self._forced_text)
+        if texts:
+            chunks.append(Chunk(content="\n" * (self._wrote_text or bool(held)) + "\n".join(texts)))
+        if good := [call for call in calls if not is_malformed(call)]:
+            chunks.append(Chunk(tool_calls=good))
         reason = "length" if self._finish_reason == "length" else "stop"
         chunks.append(Chunk(
-            done=True, done_reason=reason, stop_sequence=matched, **timing_counts(self._timings),
+            done=True, done_reason=reason, stop_sequence=matched, malformed_tool_calls=len(texts),
+            **timing_counts(self._timings),
         ))  # fmt: skip
         return chunks
 

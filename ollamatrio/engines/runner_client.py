@@ -152,6 +152,7 @@ class RunnerClient:
             parser: ChatStream | CompletionStream = ChatStream(
                 top_logprobs=request.top_logprobs,
                 stop=stop_sequences(request.options) if request.report_stop else (),
+                forced_call="json_schema" in body,
             )
         else:
             path, body = completion_request(request, self.context_length)

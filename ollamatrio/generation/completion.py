@@ -88,9 +88,10 @@ def chat_completion(
     if template is not None:
         prompt = render_prompt(template, _template_messages(messages), think=req.think)
         return _with_common(CompletionRequest(prompt=prompt), req, options)
-    return _with_common(
-        CompletionRequest(messages=messages, tools=list(req.tools) or None), req, options
+    completion = CompletionRequest(
+        messages=messages, tools=list(req.tools) or None, tool_choice=req.tool_choice
     )
+    return _with_common(completion, req, options)
 
 
 def _with_common(
@@ -103,6 +104,7 @@ def _with_common(
         options=options,
         format=req.format,
         tools=completion.tools,
+        tool_choice=completion.tool_choice,
         think=req.think,
         # A prompt carries its images beside it; messages carry their own.
         images=req.images if isinstance(req, GenerateRequest) and completion.prompt else (),

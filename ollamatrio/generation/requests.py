@@ -17,6 +17,7 @@ from typing import Any
 
 from ..types import Message as Message
 from ..types import ToolCall as ToolCall
+from ..types import ToolChoice as ToolChoice
 
 # A structured-output constraint: "json", or a JSON schema; None: free text.
 Format = str | Mapping[str, Any] | None
@@ -59,6 +60,7 @@ class ChatRequest:
     messages: tuple[Message, ...] = ()
     # Function definitions, JSON schemas passed to the model's template as they came.
     tools: tuple[Mapping[str, Any], ...] = ()
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)  # must it be a call (of one tool)?
     format: Format = None
     options: Mapping[str, Any] = field(default_factory=dict)  # checked, not yet merged
     keep_alive: float | None = None  # seconds; None: the server's default

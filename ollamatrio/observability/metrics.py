@@ -107,6 +107,11 @@ class ServerMetrics:
             "Prompt tokens evaluated (final prompt_eval_count of generations and embeddings)",
             ["model"], registry=registry,
         )  # fmt: skip
+        self.malformed_tool_calls = Counter(
+            "ollamatrio_malformed_tool_calls",
+            "Tool calls a model wrote malformed (returned to the client as text instead)",
+            ["model"], registry=registry,
+        )  # fmt: skip
         scrape_errors = Counter(
             "ollamatrio_runner_scrape_errors",
             "Runner /metrics fetches that failed or timed out (the runner was skipped)",
@@ -153,6 +158,10 @@ class ServerMetrics:
         if gen.final is not None:
             final = gen.final
             self.tokens_counted(gen.lease.runner.name, final.prompt_eval_count, final.eval_count)
+            if final.malformed_tool_calls:
+                self.malformed_tool_calls.labels(gen.lease.runner.name).inc(
+                    final.malformed_tool_calls
+                )
 
     # -- the scrape ---------------------------------------------------------------------
 

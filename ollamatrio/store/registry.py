@@ -8,7 +8,10 @@
 ``https`` unless ``insecure`` (then ``http``, as Ollama does).  Progress is reported with
 Ollama's statuses: "pulling manifest", "pulling <12 hex>" (``digest``, ``total``,
 ``completed``), "verifying sha256 digest", "writing manifest", "removing unused layers"
-(when a pull replaced layers of an older version), "success".  The manifest is written only
+(when a pull replaced layers of an older version), "success".  A model already in the store
+whose registry cannot be reached or does not know the name keeps its local copy: the pull
+says so in one status line and ends in "success" (Ollama fails it; Codex calls
+``/api/pull`` on every start, so this is what lets it start offline).  The manifest is written only
 after every blob is in place and verified, so an interrupted or corrupt download never
 leaves a broken model; what was downloaded stays as resumable partial files.
 
@@ -46,6 +49,7 @@ from .store import ModelStore, PinSet
 
 __all__ = [
     "DownloadOptions",
+    "ManifestUnavailable",
     "PullError",
     "fetch_manifest",
     "open_registry_client",
@@ -85,6 +89,11 @@ def open_registry_client(*, transport: httpx.AsyncBaseTransport | None = None) -
     )
 
 
+class ManifestUnavailable(PullError):
+    """The registry could not be reached, or does not know the name (404): a model already
+    in the store may be kept as it is."""
+
+
 async def fetch_manifest(
     client: httpx.AsyncClient, name: ModelName, *, insecure: bool = False
 ) -> tuple[bytes, Manifest]:
@@ -96,13 +105,14 @@ async def fetch_manifest(
         async with client.stream("GET", url, headers=headers, follow_redirects=True) as resp:
             if resp.status_code >= 400:
                 await resp.aread()
-                raise PullError(status_error("pull model manifest", resp))
+                error = ManifestUnavailable if resp.status_code == 404 else PullError
+                raise error(status_error("pull model manifest", resp))
             async for chunk in resp.aiter_bytes():
                 data += chunk
                 if len(data) > MANIFEST_LIMIT:
                     raise PullError("pull model manifest: manifest is too large")
     except httpx.TransportError as exc:
-        raise PullError(f"pull model manifest: {exc or type(exc).__name__}") from None
+        raise ManifestUnavailable(f"pull model manifest: {exc or type(exc).__name__}") from None
     try:
         manifest = Manifest.parse(bytes(data))
     except StoreError as exc:
@@ -216,7 +226,15 @@ async def run_pull(
         if client is None:
             client = await stack.enter_async_context(open_registry_client())
         await send.send({"status": "pulling manifest"})
-        raw, manifest = await fetch_manifest(client, model, insecure=insecure)
+        try:
+            raw, manifest = await fetch_manifest(client, model, insecure=insecure)
+        except ManifestUnavailable as exc:
+            if not old_digests:
+                raise
+            log.info("pull of %s: %s; the local copy stays", model.display_shortest, exc)
+            await send.send({"status": f"{exc}; using the local copy"})
+            await send.send({"status": "success"})
+            return
         blobs_url = f"{registry_url(model, insecure=insecure)}/blobs"
         owned: list[BlobDownload] = []
         with store.pinned() as pins:
