@@ -18,6 +18,7 @@ from helpers.scripted import ScriptedEngines, weather_call_written
 
 from ollamatrio.generation.requests import Message, ToolCall
 from ollamatrio.testing.tiny_gguf import CHATML
+from ollamatrio.types import Chunk, ToolCallDelta
 
 TOOLS_TEMPLATE = CHATML + "{% if tools %}{{ tools }}{% endif %}{% if enable_thinking %}{% endif %}"
 WEATHER = {
@@ -245,6 +246,40 @@ async def test_a_call_streams_as_the_model_writes_it(api_server, tiny_gguf) -> N
             )  # fmt: skip
             stored = await c.responses.retrieve(final.id)
             assert stored.output[1].model_dump() == call.model_dump(exclude={"parsed_arguments"})
+
+
+def weather_call_malformed(name: str) -> list[Chunk]:
+    """A call streamed as written whose arguments prove not to be a JSON object: the engine
+    gives it back as text (forced_call.as_text), not as a call."""
+    return [
+        Chunk(tool_call_deltas=[ToolCallDelta(0, "call_m", name)]),
+        Chunk(tool_call_deltas=[ToolCallDelta(0, arguments='{"city": Par')]),
+        Chunk(content='get_weather {"city": Par'),
+        Chunk(done=True, done_reason="stop", prompt_eval_count=7, eval_count=6,
+              malformed_tool_calls=1),
+    ]  # fmt: skip
+
+
+async def test_a_streamed_call_that_proves_malformed_is_closed(api_server, tiny_gguf) -> None:
+    """Every item the stream opened is closed: a call that proved malformed ends
+    ``incomplete`` with the arguments as written, and the answer carries it as text."""
+    engines = ScriptedEngines(weather_call_malformed)
+    model = tiny_gguf(chat_template=TOOLS_TEMPLATE)
+    with trio.fail_after(20):
+        async with api_server(engines=engines, models={"helper": model}) as srv, sdk(srv.url) as c:
+            ask = {"model": "helper", "input": "weather in Paris?", "tools": [WEATHER]}
+            events = [e async for e in await c.responses.create(**ask, stream=True)]
+            added = {e.output_index for e in events if e.type == "response.output_item.added"}
+            done = {e.output_index: e.item for e in events if e.type == "response.output_item.done"}
+            assert added == set(done)
+            call = done[0]
+            assert (call.type, call.status, call.arguments) == (
+                "function_call", "incomplete", '{"city": Par',
+            )  # fmt: skip
+            final = events[-1]
+            assert final.type == "response.completed"
+            assert [item.type for item in final.response.output] == ["message"]
+            assert "Par" in final.response.output_text
 
 
 async def test_a_conversation_survives_a_restart(api_server) -> None:

@@ -38,6 +38,8 @@ class ResponseEvents:
         self._message: int | None = None  # the open message item's output index
         self._message_done = False
         self._calls: dict[int, int] = {}  # a call's index among the answer's -> its item's
+        self._call_ids: dict[int, str] = {}  # a streamed call's index -> its id, once known
+        self._call_args: dict[int, list[str]] = {}  # a streamed call's arguments so far
         self._text: list[str] = []
         self._thinking: list[str] = []
         self._fold = Fold()
@@ -144,6 +146,9 @@ class ResponseEvents:
             call = ToolCall(delta.name, id=delta.id)
             item = wire.function_call_item(self.draft, call, delta.index, status="in_progress")
             out += self._event("response.output_item.added", output_index=index, item=item)
+        if delta.id:
+            self._call_ids.setdefault(delta.index, delta.id)
+        self._call_args.setdefault(delta.index, []).append(delta.arguments)
         if delta.arguments:
             out += self._event(
                 "response.function_call_arguments.delta",
@@ -163,9 +168,11 @@ class ResponseEvents:
         if self._message is None and not self._message_done and not answer.tool_calls:
             out += self._write("")  # an empty answer is still one (empty) message
         out += self._close_message()
+        streamed = self._streamed_places(answer.tool_calls)
         for n, call in enumerate(answer.tool_calls):
-            item = wire.function_call_item(self.draft, call, n)
-            index = self._calls.get(n)
+            place = streamed.get(n)
+            index = self._calls.get(place) if place is not None else None
+            item = wire.function_call_item(self.draft, call, n if place is None else place)
             if index is None:  # the engine gave this call only whole
                 index = self._open()
                 added = wire.function_call_item(self.draft, call, n, status="in_progress")
@@ -179,8 +186,43 @@ class ResponseEvents:
                 output_index=index, arguments=item["arguments"],
             )  # fmt: skip
             out += self._event("response.output_item.done", output_index=index, item=item)
+        out += self._close_malformed(set(streamed.values()))
         response = wire.response_object(self.draft, answer)
         return out + self._event(f"response.{response['status']}", response=response)
+
+    def _streamed_places(self, calls: tuple[ToolCall, ...] | list[ToolCall]) -> dict[int, int]:
+        """Which streamed call each of the answer's calls is: by id, else by place.  A call
+        that proved malformed is in the answer as text, so places can shift past it."""
+        by_id = {call_id: place for place, call_id in self._call_ids.items()}
+        places: dict[int, int] = {}
+        for n, call in enumerate(calls):
+            place = by_id.get(call.id) if call.id else None
+            if place is None and not call.id and n in self._calls and n not in self._call_ids:
+                place = n
+            if place is not None:
+                places[n] = place
+        return places
+
+    def _close_malformed(self, answered: set[int]) -> bytes:
+        """Close the items of streamed calls that proved malformed (the answer has them as
+        text): ``incomplete``, with the arguments as they were written, so no item the
+        stream opened is left open."""
+        out = b""
+        for place, index in self._calls.items():
+            if place in answered:
+                continue
+            arguments = "".join(self._call_args.get(place, []))
+            call = ToolCall("", id=self._call_ids.get(place, ""))
+            item = {
+                **wire.function_call_item(self.draft, call, place, status="incomplete"),
+                "arguments": arguments,
+            }
+            out += self._event(
+                "response.function_call_arguments.done", item_id=item["id"],
+                output_index=index, arguments=arguments,
+            )  # fmt: skip
+            out += self._event("response.output_item.done", output_index=index, item=item)
+        return out
 
     def error(self, message: str, status: int) -> bytes:
         error = openai_wire.error_object(message, status)["error"]
