@@ -184,8 +184,11 @@ class Chunk:
     logprobs: Sequence[Mapping[str, Any]] = ()
     done: bool = False
     done_reason: str | None = None  # "stop" | "length"
+    # The whole prompt, reused tokens included (as Ollama counts it); the duration covers only
+    # the part that was evaluated, and ``prompt_cached_count`` says how much was reused.
     prompt_eval_count: int = 0
     prompt_eval_duration: int = 0  # ns
+    prompt_cached_count: int = 0  # tokens of the prompt taken from the cache, not evaluated
     eval_count: int = 0
     eval_duration: int = 0  # ns
     context: tuple[int, ...] = ()  # on the final chunk, when the request asked for it

@@ -201,7 +201,7 @@ def answer(
         logprobs=(),
         done_reason=reason,
         context=(),
-        timings=Timings(0, 0, 7, 0, 5, 0),
+        timings=Timings(0, 0, 7, 0, 5, 0, prompt_cached_count=4),
     )
 
 
@@ -215,7 +215,8 @@ def test_response_objects() -> None:
     assert done["output"][1]["content"][0]["text"] == "Hi"
     assert done["output"][2]["arguments"] == '{"city":"Paris"}'
     assert done["output"][2]["call_id"] == "call_1"
-    assert done["usage"]["input_tokens"] == 7
+    assert done["usage"]["input_tokens"] == 7  # the whole prompt
+    assert done["usage"]["input_tokens_details"] == {"cached_tokens": 4}
     assert done["usage"]["total_tokens"] == 12
     cut = wire.response_object(draft, answer("Hi", reason="length"))
     assert cut["status"] == "incomplete"

@@ -102,7 +102,7 @@ class MessageEvents:
         out += self._stop_block()
         reason = wire.stop_reason(chunk.done_reason or "stop", self._tool_calls > 0)
         delta = {"stop_reason": reason, "stop_sequence": None}
-        usage = wire.usage(chunk.prompt_eval_count, chunk.eval_count)
+        usage = wire.usage(chunk.prompt_eval_count, chunk.eval_count, chunk.prompt_cached_count)
         out += event("message_delta", {"delta": delta, "usage": usage})
         return out + event("message_stop", {})
 

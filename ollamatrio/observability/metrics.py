@@ -104,7 +104,12 @@ class ServerMetrics:
         )  # fmt: skip
         self.prompt_tokens = Counter(
             "ollamatrio_prompt_tokens",
-            "Prompt tokens evaluated (final prompt_eval_count of generations and embeddings)",
+            "Prompt tokens evaluated (of generations and embeddings; reused ones not counted)",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.prompt_tokens_reused = Counter(
+            "ollamatrio_prompt_tokens_reused",
+            "Prompt tokens reused from the runner's slot or prompt cache instead of evaluated",
             ["model"], registry=registry,
         )  # fmt: skip
         scrape_errors = Counter(
@@ -138,9 +143,12 @@ class ServerMetrics:
     def lease_taken(self, lease: Lease) -> None:
         self.queue_wait.observe(lease.waited)
 
-    def tokens_counted(self, model: str, prompt: int, generated: int = 0) -> None:
+    def tokens_counted(self, model: str, prompt: int, generated: int = 0, reused: int = 0) -> None:
+        """``prompt`` counts the tokens evaluated, ``reused`` those taken from a cache."""
         if prompt:
             self.prompt_tokens.labels(model).inc(prompt)
+        if reused:
+            self.prompt_tokens_reused.labels(model).inc(reused)
         if generated:
             self.tokens.labels(model).inc(generated)
 
@@ -152,7 +160,10 @@ class ServerMetrics:
             self.ttft.observe(gen.first_content_at - gen.started)
         if gen.final is not None:
             final = gen.final
-            self.tokens_counted(gen.lease.runner.name, final.prompt_eval_count, final.eval_count)
+            cached = final.prompt_cached_count
+            self.tokens_counted(
+                gen.lease.runner.name, final.prompt_eval_count - cached, final.eval_count, cached
+            )
 
     # -- the scrape ---------------------------------------------------------------------
 
