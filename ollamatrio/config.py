@@ -99,6 +99,9 @@ class Settings:
     data_dir: Path | None = None
     # OLLAMATRIO_RESPONSES_TTL: how long a stored response is kept; math.inf = forever.
     responses_ttl: float = DEFAULT_RESPONSES_TTL
+    # OLLAMATRIO_PROMPT_CACHE: each runner's host-RAM prompt cache in MiB; 0 = off,
+    # -1 (unset) = derived from the model's context and the free RAM (docs/prompt_cache.md).
+    prompt_cache_mib: int = -1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -167,6 +170,7 @@ class Settings:
             responses_ttl=_env_duration(
                 env, "OLLAMATRIO_RESPONSES_TTL", DEFAULT_RESPONSES_TTL, zero_is_inf=True
             ),
+            prompt_cache_mib=_env_uint(env, "OLLAMATRIO_PROMPT_CACHE", -1),
         )
 
     @property

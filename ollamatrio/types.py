@@ -38,6 +38,10 @@ class LoadSpec:
     # Ollama's context shift: a generation that fills the context drops its oldest tokens
     # (after num_keep) and goes on, instead of stopping with done_reason "length".
     context_shift: bool = True
+    # llama.cpp's host-RAM prompt cache (``cache_ram_mib``): slot states that lost their slot
+    # are kept here and restored instead of re-evaluated.  Host memory the placement counts
+    # (scheduler/prompt_cache.py decides it); 0 turns the cache off.
+    prompt_cache_mib: int = 0
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,19 @@ class SchedulerState(Collector):
             memory.add_metric(list(labels), value)
         yield memory
 
+        cache = GaugeMetricFamily(
+            "ollamatrio_prompt_cache_bytes",
+            "Host RAM each loaded model's prompt cache may fill (its limit, counted in "
+            "ollamatrio_memory_bytes on the cpu device)",
+            labels=["model"],
+        )
+        limits: dict[str, int] = {}
+        for info in sched.ps():
+            limits[info.name] = limits.get(info.name, 0) + info.prompt_cache
+        for model, nbytes in sorted(limits.items()):
+            cache.add_metric([model], nbytes)
+        yield cache
+
 
 def _add_memory(totals: dict[tuple[str, str, str], int], runner: Runner) -> None:
     def add(device: str, kind: str, nbytes: int) -> None:
