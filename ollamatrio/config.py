@@ -105,6 +105,9 @@ class Settings:
     # OLLAMATRIO_PROMPT_DISK_CACHE: MiB of prompt states saved when runners unload and
     # restored when they load again (in state_dir/prompt-cache); 0 turns it off.
     prompt_disk_cache_mib: int = DEFAULT_PROMPT_DISK_CACHE_MIB
+    # OLLAMATRIO_PROMPT_CACHE: each runner's host-RAM prompt cache in MiB; 0 = off,
+    # -1 (unset) = derived from the model's context and the free RAM (docs/prompt_cache.md).
+    prompt_cache_mib: int = -1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -176,6 +179,7 @@ class Settings:
             prompt_disk_cache_mib=_env_uint(
                 env, "OLLAMATRIO_PROMPT_DISK_CACHE", DEFAULT_PROMPT_DISK_CACHE_MIB
             ),
+            prompt_cache_mib=_env_uint(env, "OLLAMATRIO_PROMPT_CACHE", -1),
         )
 
     @property

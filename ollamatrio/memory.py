@@ -276,6 +276,9 @@ class Estimate:
     output_buffer: int  # logits (and embeddings) buffer, on the CPU
     overhead: int  # runner process and llama.cpp's vocabulary
     projector: int = 0  # vision projector weights + image encoder graph, on the first device
+    # llama.cpp's host-RAM prompt cache: slot states kept after they lost their slot.  It
+    # grows on demand up to this limit, always on the CPU (scheduler/prompt_cache.py).
+    prompt_cache: int = 0
 
     @property
     def block_count(self) -> int:
@@ -311,6 +314,7 @@ class Estimate:
             + self.output_buffer
             + self.overhead
             + self.projector
+            + self.prompt_cache
         )
 
 
@@ -437,6 +441,7 @@ class Layout:
     num_gpu_layers: int
     tensor_split: tuple[float, ...]
     fits_fully: bool  # every layer, output included, is on a GPU
+    prompt_cache: int = 0  # the host prompt cache's limit, counted in host_bytes
 
     @property
     def vram(self) -> int:
@@ -529,6 +534,7 @@ def plan_layout(
         + estimate.output_buffer
         + estimate.overhead
         + (estimate.projector if first is None else 0)
+        + estimate.prompt_cache
     )
     return Layout(
         gpu_layers=dict(reversed(gpu_layers.items())),
@@ -537,6 +543,7 @@ def plan_layout(
         num_gpu_layers=placed,
         tensor_split=tuple(float(c) for c in counts if c),
         fits_fully=full,
+        prompt_cache=estimate.prompt_cache,
     )
 
 

@@ -8,6 +8,7 @@
     keep_alive = "1h"         # default keep_alive (a request's still wins)
     preload = true            # loaded at start-up, in the background
     gpus = [0]                # GPU indices or ids ("GPU-…"); [] or "cpu": CPU only
+    prompt_cache = 512        # host-RAM prompt cache in MiB (0: off; OLLAMATRIO_PROMPT_CACHE)
 
     [models.nomic-embed-text]
     pinned = true             # never evicted, never expires
@@ -54,6 +55,7 @@ class ModelSettings:
     # Allowed GPUs: an int is an index, a str an id (NVML UUID, simulated id).
     # None: any GPU; (): CPU only.
     gpus: tuple[int | str, ...] | None = None
+    prompt_cache: int | None = None  # MiB of host-RAM prompt cache; 0 = off
 
     def allows(self, gpu: GpuInfo) -> bool:
         if self.gpus is None:
@@ -196,6 +198,7 @@ def _model_settings(table: Mapping[str, Any]) -> ModelSettings:
         "pinned": _bool,
         "preload": _bool,
         "gpus": _gpus,
+        "prompt_cache": _mib,
     }
     values: dict[str, Any] = {}
     for key, value in table.items():
@@ -221,6 +224,14 @@ def _positive_int(value: object) -> int:
         raise ValueError(f"must be an integer, not {_type_name(value)}")
     if value < 1:
         raise ValueError(f"must be at least 1, not {value}")
+    return value
+
+
+def _mib(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"must be a whole number of MiB, not {_type_name(value)}")
+    if value < 0:
+        raise ValueError(f"must be 0 (off) or more MiB, not {value}")
     return value
 
 

@@ -38,6 +38,10 @@ class LoadSpec:
     # Ollama's context shift: a generation that fills the context drops its oldest tokens
     # (after num_keep) and goes on, instead of stopping with done_reason "length".
     context_shift: bool = True
+    # llama.cpp's host-RAM prompt cache (``cache_ram_mib``): slot states that lost their slot
+    # are kept here and restored instead of re-evaluated.  Host memory the placement counts
+    # (scheduler/prompt_cache.py decides it); 0 turns the cache off.
+    prompt_cache_mib: int = 0
 
 
 @dataclass(frozen=True)
@@ -213,8 +217,11 @@ class Chunk:
     done: bool = False
     done_reason: str | None = None  # "stop" | "length"
     stop_sequence: str = ""  # on the final chunk: the stop sequence that ended the answer
+    # The whole prompt, reused tokens included (as Ollama counts it); the duration covers only
+    # the part that was evaluated, and ``prompt_cached_count`` says how much was reused.
     prompt_eval_count: int = 0
     prompt_eval_duration: int = 0  # ns
+    prompt_cached_count: int = 0  # tokens of the prompt taken from the cache, not evaluated
     eval_count: int = 0
     eval_duration: int = 0  # ns
     context: tuple[int, ...] = ()  # on the final chunk, when the request asked for it

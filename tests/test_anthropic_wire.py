@@ -219,7 +219,7 @@ def test_count_tokens_needs_no_max_tokens() -> None:
 
 TIMINGS = Timings(
     total_duration=1, load_duration=0, prompt_eval_count=12, prompt_eval_duration=1,
-    eval_count=6, eval_duration=1,
+    eval_count=6, eval_duration=1, prompt_cached_count=5,
 )  # fmt: skip
 
 
@@ -237,7 +237,9 @@ def test_message_object_documented_response() -> None:
         "id": "msg_1", "type": "message", "role": "assistant", "model": "m",
         "content": [{"type": "text", "text": "Hi! My name is Claude."}],
         "stop_reason": "end_turn", "stop_sequence": None,
-        "usage": {"input_tokens": 12, "output_tokens": 6},
+        # Anthropic counts the tokens read from a cache apart from the input evaluated.
+        "usage": {"input_tokens": 7, "cache_creation_input_tokens": 0,
+                  "cache_read_input_tokens": 5, "output_tokens": 6},
     }  # fmt: skip
 
 
@@ -306,7 +308,8 @@ def test_stream_events_in_anthropic_order() -> None:
     second = encoder.encode(
         [Chunk(content="It is"), Chunk(content=" sunny."),
          Chunk(tool_calls=[ToolCall("get_weather", {"location": "SF"}, "toolu_1")]),
-         Chunk(done=True, done_reason="stop", prompt_eval_count=9, eval_count=4)],
+         Chunk(done=True, done_reason="stop", prompt_eval_count=9, eval_count=4,
+               prompt_cached_count=2)],
         gen,
     )  # fmt: skip
     seen = events(first + second)
@@ -336,7 +339,8 @@ def test_stream_events_in_anthropic_order() -> None:
     assert seen[11][1]["delta"] == {"type": "input_json_delta", "partial_json": '{"location":"SF"}'}
     assert seen[13][1] == {
         "type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-        "usage": {"input_tokens": 9, "output_tokens": 4},
+        "usage": {"input_tokens": 7, "cache_creation_input_tokens": 0,
+                  "cache_read_input_tokens": 2, "output_tokens": 4},
     }  # fmt: skip
 
 

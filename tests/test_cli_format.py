@@ -255,6 +255,18 @@ def test_verbose_summary_matches_ollama() -> None:
     )
 
 
+def test_the_prompt_rate_counts_only_the_evaluated_tokens() -> None:
+    out = io.StringIO()
+    final = {"prompt_eval_count": 110, "prompt_eval_duration": 500_000_000,
+             "prompt_cached_count": 100}  # fmt: skip
+    summary(final, out)
+    assert out.getvalue() == (
+        "prompt eval count:    110 token(s)\n"
+        "prompt eval duration: 500ms\n"
+        "prompt eval rate:     20.00 tokens/s\n"
+    )
+
+
 def test_thinking_is_framed_like_ollama() -> None:
     out = io.StringIO()
     writer = ResponseWriter(out, hide_thinking=False)

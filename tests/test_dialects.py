@@ -32,7 +32,7 @@ PNG = "iVBORw0KGgo="
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
 TIMINGS = Timings(
     total_duration=9, load_duration=8, prompt_eval_count=7, prompt_eval_duration=6,
-    eval_count=5, eval_duration=4,
+    eval_count=5, eval_duration=4, prompt_cached_count=3,
 )  # fmt: skip
 LOGPROB = {"token": "hi", "logprob": -0.5, "bytes": [104, 105]}
 
@@ -252,7 +252,7 @@ ANSWER = Answer(
 NATIVE_FINAL = {
     "done": True, "done_reason": "stop", "context": [1, 2], "total_duration": 9,
     "load_duration": 8, "prompt_eval_count": 7, "prompt_eval_duration": 6, "eval_count": 5,
-    "eval_duration": 4, "logprobs": [LOGPROB],
+    "eval_duration": 4, "prompt_cached_count": 3, "logprobs": [LOGPROB],
 }  # fmt: skip
 
 
@@ -286,7 +286,9 @@ def test_openai_answers() -> None:
             "logprobs": {"content": [LOGPROB]},
         }
     ]  # fmt: skip
-    assert chat["usage"] == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+    # The whole prompt, as Ollama counts it; the part reused from the cache in the details.
+    assert chat["usage"] == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12,
+                             "prompt_tokens_details": {"cached_tokens": 3}}  # fmt: skip
     text = oai.text_completion("m", ANSWER)
     assert text["object"] == "text_completion"
     assert text["choices"] == [

@@ -33,6 +33,7 @@ gpus = [0, "GPU-5d1e"]
 [models.nomic-embed-text]
 pinned = true
 preload = true
+prompt_cache = 0
 
 [models."qwen2.5:0.5b"]
 keep_alive = -1
@@ -62,7 +63,7 @@ def test_the_example_parses() -> None:
         "llama3.2:3b": ModelSettings(
             num_parallel=2, num_ctx=8192, keep_alive=3600.0, preload=True, gpus=(0, "GPU-5d1e")
         ),
-        "nomic-embed-text": ModelSettings(pinned=True, preload=True),
+        "nomic-embed-text": ModelSettings(pinned=True, preload=True, prompt_cache=0),
         "qwen2.5:0.5b": ModelSettings(keep_alive=math.inf, gpus=()),
         "hf.co/org/repo:Q4_K_M": ModelSettings(keep_alive=90.0, gpus=()),
     }
@@ -146,7 +147,7 @@ ERRORS = [
     (
         "[models.m]\nnum_paralel = 2\n",
         "models.m.num_paralel: unknown key (expected one of num_parallel, num_ctx, "
-        "keep_alive, pinned, preload, gpus)",
+        "keep_alive, pinned, preload, gpus, prompt_cache)",
     ),
     ('[models.m]\nnum_parallel = "2"\n', "models.m.num_parallel: must be an integer, not string"),
     ("[models.m]\nnum_parallel = 0\n", "models.m.num_parallel: must be at least 1, not 0"),
@@ -169,6 +170,10 @@ ERRORS = [
         'models.m.gpus: must be an array of GPU indices or ids, or "cpu", not string',
     ),
     ("[models.m]\ngpus = [-1]\n", "models.m.gpus: -1 " + NOT_A_GPU),
+    ("[models.m]\nprompt_cache = -1\n",
+     "models.m.prompt_cache: must be 0 (off) or more MiB, not -1"),
+    ("[models.m]\nprompt_cache = 1.5\n",
+     "models.m.prompt_cache: must be a whole number of MiB, not float"),
     ("[models.m]\ngpus = [[0]]\n", "models.m.gpus: array " + NOT_A_GPU),
     (
         '[models.m]\npinned = true\nkeep_alive = "1h"\n',
@@ -224,7 +229,12 @@ def test_the_example_in_the_docs_parses() -> None:
     (example,) = re.findall(r"```toml\n(.*?)```", docs.read_text(), re.DOTALL)
     config = parse(example)
     assert config.lookup("llama3.2:3b") == ModelSettings(
-        num_parallel=4, num_ctx=16384, keep_alive=3600.0, preload=True, gpus=(0, 1)
+        num_parallel=4,
+        num_ctx=16384,
+        keep_alive=3600.0,
+        preload=True,
+        gpus=(0, 1),
+        prompt_cache=2048,
     )
     assert config.lookup("nomic-embed-text:latest") == ModelSettings(
         pinned=True, preload=True, gpus=()

@@ -268,13 +268,16 @@ def test_tool_call_ids_name_their_message() -> None:
     assert body["messages"][1]["tool_calls"][0]["function"]["arguments"] == "{}"
 
 
-TIMINGS = {"prompt_n": 5, "prompt_ms": 1.5, "predicted_n": 3, "predicted_ms": 30.25}
+TIMINGS = {"prompt_n": 5, "prompt_ms": 1.5, "predicted_n": 3, "predicted_ms": 30.25, "cache_n": 40}
 
 
 def test_timing_counts_are_nanoseconds() -> None:
+    # llama.cpp's prompt_n is what it evaluated, cache_n what it reused: Ollama's count is
+    # the whole prompt, the duration that of the evaluated part.
     assert timing_counts(TIMINGS) == {
-        "prompt_eval_count": 5,
+        "prompt_eval_count": 45,
         "prompt_eval_duration": 1_500_000,
+        "prompt_cached_count": 40,
         "eval_count": 3,
         "eval_duration": 30_250_000,
     }

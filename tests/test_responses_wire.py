@@ -202,7 +202,7 @@ def answer(
         done_reason=reason,
         stop_sequence="",
         context=(),
-        timings=Timings(0, 0, 7, 0, 5, 0),
+        timings=Timings(0, 0, 7, 0, 5, 0, prompt_cached_count=4),
     )
 
 
@@ -216,7 +216,8 @@ def test_response_objects() -> None:
     assert done["output"][1]["content"][0]["text"] == "Hi"
     assert done["output"][2]["arguments"] == '{"city":"Paris"}'
     assert done["output"][2]["call_id"] == "call_1"
-    assert done["usage"]["input_tokens"] == 7
+    assert done["usage"]["input_tokens"] == 7  # the whole prompt
+    assert done["usage"]["input_tokens_details"] == {"cached_tokens": 4}
     assert done["usage"]["total_tokens"] == 12
     assert done["completed_at"] >= done["created_at"]
     # The fields of OpenAI's Response object this server does not take, as Ollama fills them.

@@ -103,7 +103,7 @@ class MessageEvents:
         delta = wire.stop_fields(
             chunk.done_reason or "stop", chunk.stop_sequence, self._tool_calls > 0
         )
-        usage = wire.usage(chunk.prompt_eval_count, chunk.eval_count)
+        usage = wire.usage(chunk.prompt_eval_count, chunk.eval_count, chunk.prompt_cached_count)
         out += event("message_delta", {"delta": delta, "usage": usage})
         return out + event("message_stop", {})
 

@@ -366,8 +366,17 @@ def tool_use_block(call: ToolCall, *, empty_input: bool = False) -> dict[str, An
     }
 
 
-def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens}
+def usage(prompt_tokens: int, output_tokens: int, cached: int = 0) -> dict[str, int]:
+    """Anthropic's usage from the whole prompt's count and the part of it reused from the
+    runner's cache: ``input_tokens`` are the tokens evaluated, ``cache_read_input_tokens``
+    the reused ones (Anthropic counts them apart; nothing is written to a cache on request,
+    so ``cache_creation_input_tokens`` is 0)."""
+    return {
+        "input_tokens": prompt_tokens - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": output_tokens,
+    }
 
 
 def message_object(model: str, answer: Answer, message_id: str | None = None) -> dict[str, Any]:
@@ -386,5 +395,5 @@ def message_object(model: str, answer: Answer, message_id: str | None = None) ->
         "model": model,
         "content": content,
         **stop_fields(answer.done_reason, answer.stop_sequence, bool(answer.tool_calls)),
-        "usage": usage(timings.prompt_eval_count, timings.eval_count),
+        "usage": usage(timings.prompt_eval_count, timings.eval_count, timings.prompt_cached_count),
     }

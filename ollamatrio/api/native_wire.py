@@ -179,7 +179,9 @@ def embeddings_request(body: Mapping[str, Any]) -> EmbedRequest:
 
 
 def timings(t: Timings) -> dict[str, int]:
-    """The counts and durations of a final object, in Ollama's order."""
+    """The counts and durations of a final object, in Ollama's order, then ours:
+    ``prompt_cached_count``, the part of ``prompt_eval_count`` reused from the runner's
+    cache (``prompt_eval_duration`` covers only the rest)."""
     return {
         "total_duration": t.total_duration,
         "load_duration": t.load_duration,
@@ -187,6 +189,7 @@ def timings(t: Timings) -> dict[str, int]:
         "prompt_eval_duration": t.prompt_eval_duration,
         "eval_count": t.eval_count,
         "eval_duration": t.eval_duration,
+        "prompt_cached_count": t.prompt_cached_count,
     }
 
 

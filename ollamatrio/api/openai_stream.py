@@ -21,12 +21,8 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json_bytes(obj) + b"\n\n"
 
 
-def _usage(chunk: Chunk) -> dict[str, int]:
-    return {
-        "prompt_tokens": chunk.prompt_eval_count,
-        "completion_tokens": chunk.eval_count,
-        "total_tokens": chunk.prompt_eval_count + chunk.eval_count,
-    }
+def _usage(chunk: Chunk) -> dict[str, Any]:
+    return oai.usage_counts(chunk.prompt_eval_count, chunk.eval_count, chunk.prompt_cached_count)
 
 
 class _Events:

@@ -415,13 +415,19 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.randbelow(1_000_000)}"
 
 
-def usage(timings: Timings) -> dict[str, int]:
+def usage(timings: Timings) -> dict[str, Any]:
     """The token counts of a finished generation."""
-    prompt, completion = timings.prompt_eval_count, timings.eval_count
+    return usage_counts(timings.prompt_eval_count, timings.eval_count, timings.prompt_cached_count)
+
+
+def usage_counts(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    """OpenAI's usage: ``prompt_tokens`` is the whole prompt, the part reused from the
+    runner's cache in ``prompt_tokens_details.cached_tokens``."""
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 

@@ -360,8 +360,8 @@ def output_items(draft: Draft, answer: Answer) -> list[dict[str, Any]]:
 def usage(timings: Timings) -> dict[str, Any]:
     prompt, completion = timings.prompt_eval_count, timings.eval_count
     return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens": prompt,  # the whole prompt; the part reused from the cache below
+        "input_tokens_details": {"cached_tokens": timings.prompt_cached_count},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,

@@ -60,7 +60,9 @@ def summary(final: dict[str, Any], out: TextIO) -> None:
     if ns("prompt_eval_count") > 0:
         lines.append(f"prompt eval count:    {ns('prompt_eval_count')} token(s)")
     if ns("prompt_eval_duration") > 0:
-        rate = ns("prompt_eval_count") / (ns("prompt_eval_duration") / 1e9)
+        # The duration is that of the evaluated tokens only: reused ones took no time.
+        evaluated = ns("prompt_eval_count") - ns("prompt_cached_count")
+        rate = evaluated / (ns("prompt_eval_duration") / 1e9)
         lines.append(f"prompt eval duration: {go_duration(ns('prompt_eval_duration'))}")
         lines.append(f"prompt eval rate:     {rate:.2f} tokens/s")
     if ns("eval_count") > 0:

@@ -213,16 +213,24 @@ class TimingCounts(TypedDict):
 
     prompt_eval_count: int
     prompt_eval_duration: int  # ns
+    prompt_cached_count: int
     eval_count: int
     eval_duration: int  # ns
 
 
 def timing_counts(timings: Mapping[str, Any] | None) -> TimingCounts:
-    """llama.cpp timings -> Ollama's prompt_eval/eval counts and durations (ns)."""
+    """llama.cpp timings -> Ollama's prompt_eval/eval counts and durations (ns).
+
+    llama.cpp's ``prompt_n`` is only what it evaluated and ``cache_n`` what it reused (from
+    the slot or the RAM prompt cache); Ollama's ``prompt_eval_count`` is the whole prompt, so
+    it is their sum, while the duration stays that of the evaluated part."""
     t = timings or {}
+    evaluated = int(t.get("prompt_n", 0) or 0)
+    cached = int(t.get("cache_n", 0) or 0)
     return {
-        "prompt_eval_count": int(t.get("prompt_n", 0) or 0),
+        "prompt_eval_count": evaluated + cached,
         "prompt_eval_duration": round(float(t.get("prompt_ms", 0.0) or 0.0) * 1e6),
+        "prompt_cached_count": cached,
         "eval_count": int(t.get("predicted_n", 0) or 0),
         "eval_duration": round(float(t.get("predicted_ms", 0.0) or 0.0) * 1e6),
     }

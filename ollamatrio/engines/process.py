@@ -72,7 +72,6 @@ class ProcessEngineFactory:
         stall_timeout: float | None = None,
         kill_grace: float = KILL_GRACE,
         verbosity: int | None = None,
-        cache_ram_mib: int = 0,
         slot_cache: SlotCache | None = None,
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
@@ -94,7 +93,6 @@ class ProcessEngineFactory:
         self.stall_timeout = math.inf if stall_timeout <= 0 else stall_timeout
         self.kill_grace = kill_grace
         self.verbosity = verbosity
-        self.cache_ram_mib = cache_ram_mib
         self.slot_cache = slot_cache
         self.python = python
         self.env = dict(os.environ if env is None else env)
@@ -116,7 +114,6 @@ class ProcessEngineFactory:
                 socket_dir=socket_dir,
                 parent_pid=os.getpid(),
                 verbosity=self.verbosity,
-                cache_ram_mib=self.cache_ram_mib,
                 slot_save_dir=slot_save_dir,
             )
             engine = ProcessEngine(config, self, owner_fd=owner_fd, progress=progress)

@@ -75,6 +75,9 @@ class SimulatedBehaviour:
     # How the model's real VRAM compares with the prediction (the GPU context reserve is
     # always held in full, as a real runner's CUDA context is).
     vram_factor: float = 1.0
+    # Reuse the words a prompt shares with the previous one (prompt, then answer) instead of
+    # "evaluating" them, as llama.cpp's slot and prompt cache do: at least one is evaluated.
+    reuse_prompt: bool = False
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> SimulatedBehaviour:
@@ -115,6 +118,7 @@ class SimulatedEngine:
         self.completed_streams = 0
         self.prompt_tokens = 0
         self.predicted_tokens = 0
+        self._cached: list[str] = []  # the last prompt and answer, in words (reuse_prompt)
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(self)
 
@@ -156,11 +160,15 @@ class SimulatedEngine:
         b = self._behaviour
         prompt = _prompt(request)
         n_prompt = _prompt_tokens(prompt)
-        await trio.sleep(n_prompt / b.prompt_tokens_per_second)
-        self.prompt_tokens += n_prompt
+        words = prompt.split()
+        reused = min(_common_prefix(self._cached, words), n_prompt - 1) if b.reuse_prompt else 0
+        evaluated = n_prompt - reused
+        await trio.sleep(evaluated / b.prompt_tokens_per_second)
+        self.prompt_tokens += evaluated
         limit = int(request.options.get("num_predict", -1) or -1)
         n_tokens = b.default_num_predict if limit < 0 else min(limit, 10 * self._spec.num_ctx)
         seed = int.from_bytes(hashlib.blake2b(prompt.encode(), digest_size=4).digest(), "little")
+        self._cached = words
         for i in range(n_tokens):
             self._check_alive()
             if b.crash_after_tokens is not None and i >= b.crash_after_tokens:
@@ -170,13 +178,16 @@ class SimulatedEngine:
                 raise OutOfMemoryError("CUDA error: out of memory")
             await trio.sleep(1.0 / b.tokens_per_second)
             self.predicted_tokens += 1
-            yield Chunk(content=" " + _WORDS[(seed + i) % len(_WORDS)])
+            word = _WORDS[(seed + i) % len(_WORDS)]
+            self._cached.append(word)
+            yield Chunk(content=" " + word)
         self.completed_streams += 1
         yield Chunk(
             done=True,
             done_reason="length" if limit >= 0 and n_tokens == limit else "stop",
             prompt_eval_count=n_prompt,
-            prompt_eval_duration=int(n_prompt / b.prompt_tokens_per_second * 1e9),
+            prompt_eval_duration=int(evaluated / b.prompt_tokens_per_second * 1e9),
+            prompt_cached_count=reused,
             eval_count=n_tokens,
             eval_duration=int(n_tokens / b.tokens_per_second * 1e9),
         )
@@ -327,6 +338,15 @@ class SimulatedEngineFactory:
 def _prompt(request: CompletionRequest) -> str:
     """What the simulated model reads: the prompt, or the messages' text joined."""
     return request.prompt or " ".join(m.content for m in request.messages or ())
+
+
+def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _prompt_tokens(prompt: str) -> int:

@@ -35,6 +35,7 @@ class Timings:
     prompt_eval_duration: int
     eval_count: int
     eval_duration: int
+    prompt_cached_count: int = 0  # of prompt_eval_count, the tokens reused (not evaluated)
 
 
 class Generation:
@@ -85,6 +86,7 @@ class Generation:
             prompt_eval_duration=chunk.prompt_eval_duration,
             eval_count=chunk.eval_count,
             eval_duration=chunk.eval_duration,
+            prompt_cached_count=chunk.prompt_cached_count,
         )
 
 

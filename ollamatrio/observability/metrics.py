@@ -104,7 +104,12 @@ class ServerMetrics:
         )  # fmt: skip
         self.prompt_tokens = Counter(
             "ollamatrio_prompt_tokens",
-            "Prompt tokens evaluated (final prompt_eval_count of generations and embeddings)",
+            "Prompt tokens evaluated (of generations and embeddings; reused ones not counted)",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.prompt_tokens_reused = Counter(
+            "ollamatrio_prompt_tokens_reused",
+            "Prompt tokens reused from the runner's slot or prompt cache instead of evaluated",
             ["model"], registry=registry,
         )  # fmt: skip
         self.malformed_tool_calls = Counter(
@@ -143,9 +148,12 @@ class ServerMetrics:
     def lease_taken(self, lease: Lease) -> None:
         self.queue_wait.observe(lease.waited)
 
-    def tokens_counted(self, model: str, prompt: int, generated: int = 0) -> None:
+    def tokens_counted(self, model: str, prompt: int, generated: int = 0, reused: int = 0) -> None:
+        """``prompt`` counts the tokens evaluated, ``reused`` those taken from a cache."""
         if prompt:
             self.prompt_tokens.labels(model).inc(prompt)
+        if reused:
+            self.prompt_tokens_reused.labels(model).inc(reused)
         if generated:
             self.tokens.labels(model).inc(generated)
 
@@ -157,7 +165,10 @@ class ServerMetrics:
             self.ttft.observe(gen.first_content_at - gen.started)
         if gen.final is not None:
             final = gen.final
-            self.tokens_counted(gen.lease.runner.name, final.prompt_eval_count, final.eval_count)
+            cached = final.prompt_cached_count
+            self.tokens_counted(
+                gen.lease.runner.name, final.prompt_eval_count - cached, final.eval_count, cached
+            )
             if final.malformed_tool_calls:
                 self.malformed_tool_calls.labels(gen.lease.runner.name).inc(
                     final.malformed_tool_calls
@@ -208,6 +219,19 @@ class SchedulerState(Collector):
         for labels, value in sorted(totals.items()):
             memory.add_metric(list(labels), value)
         yield memory
+
+        cache = GaugeMetricFamily(
+            "ollamatrio_prompt_cache_bytes",
+            "Host RAM each loaded model's prompt cache may fill (its limit, counted in "
+            "ollamatrio_memory_bytes on the cpu device)",
+            labels=["model"],
+        )
+        limits: dict[str, int] = {}
+        for info in sched.ps():
+            limits[info.name] = limits.get(info.name, 0) + info.prompt_cache
+        for model, nbytes in sorted(limits.items()):
+            cache.add_metric([model], nbytes)
+        yield cache
 
 
 def _add_memory(totals: dict[tuple[str, str, str], int], runner: Runner) -> None:

@@ -30,7 +30,11 @@ def build_params(config: RunnerConfig, plan: LoadPlan) -> xlc.CommonParams:
     p.endpoint_metrics = True
     p.endpoint_slots = True
     p.verbosity = config.verbosity
-    p.cache_ram_mib = config.cache_ram_mib
+    # The host prompt cache, sized by the scheduler (llama.cpp's default of 8 GiB would skew
+    # the accounting); see docs/prompt_cache.md for how it keeps and evicts slot states.
+    p.cache_ram_mib = spec.prompt_cache_mib
+    p.cache_idle_slots = True  # idle slots' states are copied to the cache as tasks start
+    p.slot_prompt_similarity = 0.1  # a request goes to the slot sharing its longest prefix
     if config.slot_save_dir:
         # llama.cpp joins this and the file name without a separator of its own.
         p.slot_save_path = config.slot_save_dir.rstrip("/") + "/"

@@ -49,7 +49,6 @@ class RunnerConfig:
     socket_dir: str  # private 0700 directory made by the client; holds the socket and load log
     parent_pid: int = 0  # the client's pid (0: the runner's parent at start)
     verbosity: int = 1  # llama.cpp log level: 1 errors, 2 warnings, 3 info
-    cache_ram_mib: int = 0  # host prompt cache; llama.cpp's default of 8 GiB skews accounting
     slot_save_dir: str = ""  # where llama.cpp may save and restore slots (the prompt cache)
 
     def to_json(self) -> str:

@@ -49,6 +49,7 @@ class Placement:
     # What the prediction on each used GPU assumed: its context reserve and correction.
     reserve_by_gpu: dict[str, int] = field(default_factory=dict)
     factor_by_gpu: dict[str, float] = field(default_factory=dict)
+    prompt_cache: int = 0  # the host prompt cache's limit, part of host_bytes
 
     @property
     def total(self) -> int:
@@ -75,11 +76,14 @@ def _from_layout(gpus: Sequence[DeviceRoom], layout: Layout) -> Placement:
         fits_fully=layout.fits_fully,
         reserve_by_gpu={g.id: g.reserve for g in gpus if g.id in used},
         factor_by_gpu={g.id: g.factor for g in gpus if g.id in used},
+        prompt_cache=layout.prompt_cache,
     )
 
 
 def cpu_placement(estimate: Estimate) -> Placement:
-    return Placement(gpu_ids=(), num_gpu=0, host_bytes=estimate.total)
+    return Placement(
+        gpu_ids=(), num_gpu=0, host_bytes=estimate.total, prompt_cache=estimate.prompt_cache
+    )
 
 
 def choose_placement(

@@ -30,6 +30,7 @@ from .calibration import VramCalibration
 from .events import EvictReason
 from .options import LoadOptions, needs_reload
 from .placement import DeviceRoom, Placement, choose_placement
+from .prompt_cache import prompt_cache_bytes
 from .requests import ModelRequest, PendingRequest
 from .runner import Runner, RunnerState
 
@@ -114,6 +115,15 @@ def decide(
             projector=pending.projector,
         ),
     )
+    # The host prompt cache is part of what this load costs the host (prompt_cache.py).
+    cache = prompt_cache_bytes(
+        model_mib=models.lookup(request.name).prompt_cache,
+        server_mib=settings.prompt_cache_mib,
+        kv_per_slot=est.kv // max(1, est.num_parallel),
+        free_ram=inventory.system.free,
+        embedding=request.embedding_only,
+    )
+    est = replace(est, prompt_cache=cache)
     active = [r for r in runners if r.state is not RunnerState.UNLOADING]
     going = {r for r in active if r.evicting}
     staying = [r for r in active if r not in going]

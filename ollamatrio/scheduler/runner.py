@@ -11,7 +11,7 @@ import enum
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import trio
@@ -54,6 +54,7 @@ class RunnerInfo:
     expires_at: float | None  # wall-clock seconds; None = never
     pid: int | None
     pinned: bool = False  # never evicted, never expires (model_config.py)
+    prompt_cache: int = 0  # bytes: the host prompt cache's limit, counted in ``size``
 
 
 class Runner:
@@ -141,7 +142,10 @@ class Runner:
 
     def mark_ready(self, engine: Engine) -> None:
         self.engine = engine
-        self.memory = engine.memory
+        # The runner measured itself with its prompt cache still empty; the cache grows to
+        # its limit on demand, so the limit stays counted as host memory.
+        measured = engine.memory
+        self.memory = replace(measured, total=measured.total + self.placement.prompt_cache)
         self.context_length = engine.context_length
         self.state = RunnerState.READY
         self.last_used = trio.current_time()
@@ -275,4 +279,5 @@ class Runner:
             expires_at=self.expires_at(),
             pid=self.engine.pid if self.engine is not None else None,
             pinned=self.pinned,
+            prompt_cache=self.placement.prompt_cache,
         )

@@ -30,6 +30,7 @@ from ..types import LoadSpec
 from .calibration import VramCalibration
 from .events import EventHub, SchedulerEvent
 from .placement import Placement
+from .prompt_cache import MiB
 from .requests import PendingRequest
 from .runner import Runner, RunnerState
 from .vram_recovery import gpu_free, wait_for_vram_recovery
@@ -93,6 +94,7 @@ class RunnerTasks:
             adapters=request.adapters,
             projector=request.projector,
             chat_template=request.chat_template,
+            prompt_cache_mib=placement.prompt_cache // MiB,
         )
         runner = Runner(
             key=request.key,

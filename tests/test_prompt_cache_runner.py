@@ -1,0 +1,106 @@
+"""llama.cpp's prompt reuse with real runners (SmolLM2 on the CPU): two agent-shaped
+conversations alternating on one slot keep their prefixes in the host-RAM prompt cache, a
+title request between their turns does not push them out, and with two slots each
+conversation keeps its own slot (llama.cpp picks the slot by longest common prefix).
+
+Each conversation's system prompt is ~1,400 tokens; "re-evaluates ≤ 5 %" is read from the
+final chunk's counts (``prompt_eval_count`` the whole prompt, ``prompt_cached_count`` the
+part reused).  The control runs the same alternation with the cache off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from ollamatrio.engines.process import ProcessEngine, ProcessEngineFactory
+from ollamatrio.testing.agent_prompts import Conversation, title_request
+from ollamatrio.types import Chunk, CompletionRequest, LoadSpec, Message
+
+pytestmark = pytest.mark.slow
+
+LINES = 60  # ~1,400 tokens of system prompt per conversation
+OPTIONS = {"temperature": 0, "seed": 1, "num_predict": 8}
+REUSED_SHARE = 0.95  # from the second turn on, at most 5 % of a prompt is evaluated
+
+
+def spec(model: Path, *, slots: int, cache_mib: int) -> LoadSpec:
+    return LoadSpec(
+        model_path=str(model),
+        name="smollm2",
+        num_ctx=4096,
+        num_parallel=slots,
+        prompt_cache_mib=cache_mib,
+    )
+
+
+async def ask(engine: ProcessEngine, messages: list[Message]) -> tuple[str, Chunk]:
+    text, final = "", Chunk()
+    with trio.fail_after(600):
+        async with engine.complete(CompletionRequest(messages=messages, options=OPTIONS)) as s:
+            async for chunk in s:
+                text += chunk.content
+                if chunk.done:
+                    final = chunk
+    assert final.done
+    return text, final
+
+
+async def turn(engine: ProcessEngine, conversation: Conversation, n: int) -> Chunk:
+    text, final = await ask(engine, conversation.ask(n))
+    conversation.answered(text)
+    return final
+
+
+def evaluated(final: Chunk) -> int:
+    return final.prompt_eval_count - final.prompt_cached_count
+
+
+def assert_reused(final: Chunk) -> None:
+    assert final.prompt_cached_count >= REUSED_SHARE * final.prompt_eval_count, (
+        f"{evaluated(final)} of {final.prompt_eval_count} prompt tokens evaluated"
+    )
+
+
+async def test_conversations_alternating_on_one_slot_restore_from_the_cache(
+    smollm2_path: Path,
+) -> None:
+    a, b = Conversation("alpha", LINES), Conversation("bravo", LINES)
+    async with ProcessEngineFactory().open(spec(smollm2_path, slots=1, cache_mib=256)) as engine:
+        first = await turn(engine, a, 1)
+        assert first.prompt_cached_count == 0
+        assert first.prompt_eval_count > 1000
+        await turn(engine, b, 1)  # takes A's slot: A's state goes to the RAM cache
+        _, title = await ask(engine, title_request(a))  # a short side request in between
+        assert title.prompt_eval_count < 100
+        for n in (2, 3):
+            a_turn = await turn(engine, a, n)
+            b_turn = await turn(engine, b, n)
+            assert_reused(a_turn)
+            assert_reused(b_turn)
+            # The whole prompt is counted, as Ollama counts it: it only grew.
+            assert a_turn.prompt_eval_count > first.prompt_eval_count
+            _, title = await ask(engine, title_request(a))
+
+
+async def test_without_the_cache_a_conversation_that_lost_its_slot_starts_over(
+    smollm2_path: Path,
+) -> None:
+    a, b = Conversation("alpha", LINES), Conversation("bravo", LINES)
+    async with ProcessEngineFactory().open(spec(smollm2_path, slots=1, cache_mib=0)) as engine:
+        await turn(engine, a, 1)
+        await turn(engine, b, 1)
+        again = await turn(engine, a, 2)
+    assert evaluated(again) > 0.5 * again.prompt_eval_count
+
+
+async def test_each_conversation_keeps_its_own_slot(smollm2_path: Path) -> None:
+    # The cache is off: only llama.cpp's slot choice by longest common prefix is at work.
+    a, b = Conversation("alpha", LINES), Conversation("bravo", LINES)
+    async with ProcessEngineFactory().open(spec(smollm2_path, slots=2, cache_mib=0)) as engine:
+        await turn(engine, a, 1)
+        await turn(engine, b, 1)
+        assert_reused(await turn(engine, a, 2))
+        assert_reused(await turn(engine, b, 2))
