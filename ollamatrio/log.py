@@ -62,7 +62,9 @@ class KeyValueFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = self.formatTime(record, "%Y-%m-%dT%H:%M:%S")
-        fields = {k: v for k, v in vars(record).items() if k not in _RECORD_ATTRS}
+        # Private attributes are other libraries' bookkeeping (Ray's log record factory adds
+        # ``_ray_timestamp_ns`` to every record once imported), not a caller's ``extra``.
+        fields = {k: v for k, v in vars(record).items() if k not in _RECORD_ATTRS and k[0] != "_"}
         rid = getattr(record, "request_id", None) or request_id.get()
         if rid is not None:
             fields["request_id"] = rid

@@ -620,6 +620,27 @@ def test_log_line_format(captured_log: io.StringIO) -> None:
     assert second.endswith("WARNING ollamatrio.sched: plain")
 
 
+def test_log_lines_leave_out_other_libraries_private_record_attributes(
+    captured_log: io.StringIO,
+) -> None:
+    """Ray, once imported, adds ``_ray_timestamp_ns`` to every record through the log
+    record factory: bookkeeping, not a field of the line."""
+    configure_logging(settings(), stream=captured_log)
+    original = logging.getLogRecordFactory()
+
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = original(*args, **kwargs)
+        record._ray_timestamp_ns = 1  # type: ignore[attr-defined]
+        return record
+
+    logging.setLogRecordFactory(factory)
+    try:
+        logging.getLogger("ollamatrio.sched").info("loaded", extra={"model": "smollm2"})
+    finally:
+        logging.setLogRecordFactory(original)
+    assert captured_log.getvalue().rstrip().endswith("ollamatrio.sched: loaded model=smollm2")
+
+
 def test_configure_logging_is_idempotent(captured_log: io.StringIO) -> None:
     configure_logging(settings(), stream=io.StringIO())
     configure_logging(settings(), stream=captured_log)
