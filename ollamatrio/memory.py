@@ -16,9 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-from ollamatrio.gguf import ArraySummary, GGUFInfo
+from ollamatrio.gguf import GGML_QUANT_SIZES, ArraySummary, GGMLQuantizationType, GGUFInfo
 from ollamatrio.types import MemoryUsage
 
 __all__ = [

@@ -19,10 +19,7 @@ from pathlib import Path
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from .api import create_app
-from .api.app import drain_of
-from .api.models import ApiContext
-from .api.preload import preload_models, warn_missing_models
+from .api.lazy import LazyApp
 from .config import Settings, join_host_port
 from .devices import DeviceSource
 from .engines.capability import engine_device_source
@@ -33,7 +30,7 @@ from .http.front import serve_http
 from .log import configure_logging
 from .model_config import ConfigError, ModelConfig, load_model_config
 from .runner.folders import remove_stale_runner_folders
-from .scheduler import open_scheduler
+from .scheduler import Scheduler, open_scheduler
 from .store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -161,7 +158,6 @@ async def serve(
     Raises:
         ConfigError: ``model_config`` was not given and the file cannot be used.
     """
-    budget = ConnectionBudget(connection_cap(settings))
     if model_config is None:
         model_config = await trio.to_thread.run_sync(load_model_config, settings.config_path)
     store = await trio.to_thread.run_sync(
@@ -170,11 +166,36 @@ async def serve(
     pruned = await trio.to_thread.run_sync(store.prune)
     if pruned.blobs_removed:
         log.info("removed %d unused blobs", pruned.blobs_removed)
-    await warn_missing_models(store, model_config)
+    if model_config.models:
+        from .api.preload import warn_missing_models  # reads the store (and GGUF headers)
+
+        await warn_missing_models(store, model_config)
     # Runners killed together with an earlier server left their folders behind.
     await trio.to_thread.run_sync(remove_stale_runner_folders)
-    if devices is None and engines is None:
-        devices = await engine_device_source(settings)  # logs the engine's backends once
+    async with trio.open_nursery() as background:
+        if devices is None and engines is None:
+            # Logs the engine's backends once (on a machine without GPUs, in the background).
+            devices = await engine_device_source(settings, background=background)
+        await _serve(
+            settings, store, model_config, shutdown_trigger, engines, devices, listener,
+            task_status,
+        )  # fmt: skip
+        background.cancel_scope.cancel()
+    log.info("server stopped")
+
+
+async def _serve(
+    settings: Settings,
+    store: ModelStore,
+    model_config: ModelConfig,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None,
+    engines: EngineFactory | None,
+    devices: DeviceSource | None,
+    listener: socket.socket | None,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
+    """:func:`serve` once the store and the devices are known."""
+    budget = ConnectionBudget(connection_cap(settings))
     stopping = trio.Event()
 
     async def trigger() -> None:
@@ -187,14 +208,15 @@ async def serve(
     async with open_scheduler(
         settings, engines=engines, devices=devices, models=model_config
     ) as scheduler:
-        app = create_app(scheduler, store, settings)
+        # Quart and the dialects are imported when a request first needs them.
+        app = LazyApp(scheduler, store, settings)
         try:
             async with trio.open_nursery() as nursery:
                 # Requests still running when the grace period ends are told why they end.
-                nursery.start_soon(drain_of(app).cut_after, stopping, GRACEFUL_TIMEOUT)
-                # Never delays the listener: loads go on while requests are served.
-                context = ApiContext(scheduler=scheduler, store=store, settings=settings)
-                nursery.start_soon(preload_models, context, model_config)
+                nursery.start_soon(app.drain.cut_after, stopping, GRACEFUL_TIMEOUT)
+                if model_config.preloads:
+                    # Never delays the listener: loads go on while requests are served.
+                    nursery.start_soon(_preload, scheduler, store, settings, model_config)
                 await serve_http(
                     app,
                     hypercorn_config(settings, listener),
@@ -208,7 +230,16 @@ async def serve(
             with trio.CancelScope(shield=True), trio.move_on_after(UNLOAD_TIMEOUT):
                 scheduler.unload_all()
                 await scheduler.wait_idle()
-    log.info("server stopped")
+
+
+async def _preload(
+    scheduler: Scheduler, store: ModelStore, settings: Settings, model_config: ModelConfig
+) -> None:
+    from .api.models import ApiContext
+    from .api.preload import preload_models
+
+    context = ApiContext(scheduler=scheduler, store=store, settings=settings)
+    await preload_models(context, model_config)
 
 
 async def _set_on_signal(stop: trio.Event) -> None:
