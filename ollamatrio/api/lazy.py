@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable
+import sys
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -40,7 +40,7 @@ STREAM_PATHS: tuple[str, ...] = (
     "/v1/messages", "/v1/messages/count_tokens", "/api/pull", "/api/create",
 )  # fmt: skip
 
-ASGI = Callable[..., Any]
+_APP_MODULE = "ollamatrio.api.app"
 
 
 def _liveness_answer(path: str) -> tuple[bytes, bytes] | None:
@@ -113,7 +113,11 @@ class LazyApp:
         assert self._built is not None
         try:
             started = trio.current_time()
-            module = await trio.to_thread.run_sync(importlib.import_module, "ollamatrio.api.app")
+            # In a worker thread: the loop goes on answering while Quart loads (a process
+            # that has it already, tests, skips the thread).
+            module = sys.modules.get(_APP_MODULE) or await trio.to_thread.run_sync(
+                importlib.import_module, _APP_MODULE
+            )
             app = module.create_app(self._scheduler, self._store, self._settings, self.drain)
             if self._nursery is not None:
                 await self._start_lifespan(app)
