@@ -21,8 +21,10 @@ from hypercorn.config import Config as HypercornConfig
 
 from .api.lazy import LazyApp
 from .config import Settings, join_host_port
-from .devices import DeviceSource
+from .devices import DeviceSource, open_device_source
+from .engines import default_engine_factory
 from .engines.capability import engine_device_source
+from .engines.process import ProcessEngineFactory
 from .engines.protocol import EngineFactory
 from .errors import OllamatrioError
 from .http.budget import ConnectionBudget, default_cap, raise_open_file_limit
@@ -205,6 +207,8 @@ async def _serve(
             await shutdown_trigger()
         stopping.set()
 
+    if engines is None:
+        engines = default_engine_factory(settings, devices or open_device_source(settings))
     async with open_scheduler(
         settings, engines=engines, devices=devices, models=model_config
     ) as scheduler:
@@ -214,6 +218,9 @@ async def _serve(
             async with trio.open_nursery() as nursery:
                 # Requests still running when the grace period ends are told why they end.
                 nursery.start_soon(app.drain.cut_after, stopping, GRACEFUL_TIMEOUT)
+                if isinstance(engines, ProcessEngineFactory):
+                    # A runner waiting for the next cold load (OLLAMATRIO_SPARE_RUNNER).
+                    nursery.start_soon(engines.keep_spare)
                 if model_config.preloads:
                     # Never delays the listener: loads go on while requests are served.
                     nursery.start_soon(_preload, scheduler, store, settings, model_config)
