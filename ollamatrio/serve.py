@@ -218,21 +218,26 @@ async def _serve(
             async with trio.open_nursery() as nursery:
                 # Requests still running when the grace period ends are told why they end.
                 nursery.start_soon(app.drain.cut_after, stopping, GRACEFUL_TIMEOUT)
-                if isinstance(engines, ProcessEngineFactory):
-                    # A runner waiting for the next cold load (OLLAMATRIO_SPARE_RUNNER).
-                    nursery.start_soon(engines.keep_spare)
                 if model_config.preloads:
                     # Never delays the listener: loads go on while requests are served.
                     nursery.start_soon(_preload, scheduler, store, settings, model_config)
-                await serve_http(
-                    app,
-                    hypercorn_config(settings, listener),
-                    shutdown_trigger=trigger,
-                    budget=budget,
-                    body_timeout=settings.body_timeout,
-                    task_status=task_status,
-                )
-                nursery.cancel_scope.cancel()
+
+                async def http(task_status: trio.TaskStatus[list[str]]) -> None:
+                    await serve_http(
+                        app,
+                        hypercorn_config(settings, listener),
+                        shutdown_trigger=trigger,
+                        budget=budget,
+                        body_timeout=settings.body_timeout,
+                        task_status=task_status,
+                    )
+                    nursery.cancel_scope.cancel()
+
+                task_status.started(await nursery.start(http))
+                if isinstance(engines, ProcessEngineFactory):
+                    # A runner waiting for the next cold load (OLLAMATRIO_SPARE_RUNNER),
+                    # started once the listener is up: it does not slow the start.
+                    nursery.start_soon(engines.keep_spare)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(UNLOAD_TIMEOUT):
                 scheduler.unload_all()

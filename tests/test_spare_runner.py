@@ -8,23 +8,33 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
 
 from ollamatrio.engines.process import ProcessEngineFactory
-from ollamatrio.engines.spare import SpareKeeper
+from ollamatrio.engines.spare import Spare, SpareKeeper
 from ollamatrio.types import CompletionRequest, LoadSpec
 
 
-async def test_a_cold_load_takes_the_spare_and_a_new_one_follows(tiny_gguf) -> None:
+@asynccontextmanager
+async def keeping_spares(tiny_gguf) -> AsyncIterator[tuple[ProcessEngineFactory, LoadSpec, Spare]]:
+    """A factory keeping spares (until the block ends), a load for it, its first spare."""
     factory = ProcessEngineFactory(load_timeout=60, spare_runner=True)
     assert factory.spares is not None
     spec = LoadSpec(model_path=str(tiny_gguf()), name="tiny", num_ctx=256)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(factory.keep_spare)
+        yield factory, spec, await factory.spares.wait_spare()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_cold_load_takes_the_spare_and_a_new_one_follows(tiny_gguf) -> None:
     with trio.fail_after(120):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(factory.keep_spare)
-            first = await factory.spares.wait_spare()
+        async with keeping_spares(tiny_gguf) as (factory, spec, first):
+            assert factory.spares is not None
             async with factory.open(spec) as engine:
                 assert engine.pid == first.process.pid
                 assert engine.load_phases["interpreter"] == 0
@@ -38,26 +48,20 @@ async def test_a_cold_load_takes_the_spare_and_a_new_one_follows(tiny_gguf) -> N
                 assert second.process.pid != first.process.pid
             assert first.process.returncode is not None  # ended with its engine
             assert not await trio.Path(first.socket_dir).exists()
-            nursery.cancel_scope.cancel()
     assert second.process.returncode is not None  # the unused spare ended with the keeper
     assert not await trio.Path(second.socket_dir).exists()
 
 
 async def test_a_load_with_another_environment_starts_its_own_runner(tiny_gguf) -> None:
-    factory = ProcessEngineFactory(load_timeout=60, spare_runner=True)
-    assert factory.spares is not None
-    spec = LoadSpec(model_path=str(tiny_gguf()), name="tiny", num_ctx=256)
     with trio.fail_after(120):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(factory.keep_spare)
-            spare = await factory.spares.wait_spare()
+        async with keeping_spares(tiny_gguf) as (factory, spec, spare):
+            assert factory.spares is not None
             assert factory.spares.take({**spare.env, "CUDA_VISIBLE_DEVICES": "0"}) is None
             factory.env["OLLAMATRIO_TEST_MARK"] = "other"  # this load's environment differs
             async with factory.open(spec) as engine:
                 assert engine.pid != spare.process.pid
                 assert engine.load_phases["interpreter"] > 0
             assert factory.spares.spare is spare  # still waiting
-            nursery.cancel_scope.cancel()
     assert spare.process.returncode is not None
 
 

@@ -115,9 +115,9 @@ class LazyApp:
             started = trio.current_time()
             # In a worker thread: the loop goes on answering while Quart loads (a process
             # that has it already, tests, skips the thread).
-            module = sys.modules.get(_APP_MODULE) or await trio.to_thread.run_sync(
-                importlib.import_module, _APP_MODULE
-            )
+            module = sys.modules.get(_APP_MODULE)
+            if module is None:
+                module = await trio.to_thread.run_sync(importlib.import_module, _APP_MODULE)
             app = module.create_app(self._scheduler, self._store, self._settings, self.drain)
             if self._nursery is not None:
                 await self._start_lifespan(app)
