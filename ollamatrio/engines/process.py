@@ -115,8 +115,8 @@ class ProcessEngineFactory:
         self.env = dict(os.environ if env is None else env)
         if spare_runner is None:
             spare_runner = settings is not None and settings.spare_runner
-        # The spare starts with a CPU load's environment (every GPU hidden); a GPU load
-        # takes it only on a machine whose loads all look like that.
+        # The spare starts with a CPU load's environment (every GPU hidden): a load on GPUs
+        # (their own visible devices) starts a runner of its own, as before.
         self.spares = (
             SpareKeeper(runner_argv(python), self._runner_env(LoadSpec(model_path="", name="")))
             if spare_runner

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
@@ -46,7 +45,6 @@ class Spare:
     env: dict[str, str]
     socket_dir: str
     owner_fd: int
-    started: float = field(default_factory=time.monotonic)
     ready: bool = False  # it said its imports are done
 
 

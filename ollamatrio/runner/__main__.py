@@ -4,7 +4,10 @@ Protocol with the client (:mod:`ollamatrio.engines.process`):
 
 * stdin, first line: a :class:`~ollamatrio.runner.options.RunnerConfig` as JSON (the API key
   never appears on the command line).  stdin then stays open: its EOF means the client died.
-* stdout: exactly one JSON line, ``{"event": "ready", ...}`` or ``{"event": "error", ...}``.
+* stdout: exactly one JSON line, ``{"event": "ready", ...}`` or ``{"event": "error", ...}``;
+  the ready line's ``marks`` say when each stretch of the start ended (``time.monotonic``).
+* ``--spare``: a spare runner (``engines/spare.py``) imports everything first, writes
+  ``{"event":"spare"}`` and only then reads its configuration.
 * stderr: llama.cpp's log, forwarded.
 * The server listens on ``<socket_dir>/llama.sock`` and wants ``Authorization: Bearer <key>``.
 
