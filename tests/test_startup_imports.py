@@ -59,6 +59,7 @@ def _startup_imports(tmp_path: Path) -> tuple[set[str], bytes]:
     """The modules a fresh server imported up to its first ``/api/version`` answer."""
     env = dict(os.environ, OLLAMA_HOST="127.0.0.1:0", OLLAMA_MODELS=str(tmp_path / "models"))
     env["HOME"] = str(tmp_path)  # no config file, no state of the user's
+    env["TMPDIR"] = str(tmp_path)  # the spare runner's folder, left behind by the kill
     env["PYTHONPATH"] = str(ROOT)
     env.pop("OLLAMATRIO_CONFIG", None)
     server = subprocess.Popen(
