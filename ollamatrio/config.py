@@ -88,6 +88,9 @@ class Settings:
     gpu_overhead: int = 0  # bytes reserved per GPU
     origins: tuple[str, ...] = DEFAULT_ORIGINS
     noprune: bool = False
+    # OLLAMATRIO_SPARE_RUNNER: keep one runner process started ahead of need (interpreter and
+    # engine imported, waiting for its model), so a cold load skips that part.
+    spare_runner: bool = True
     debug: int = 0  # 0 INFO, 1 DEBUG, 2 TRACE (negative: WARNING)
     engine: str = "process"
     simulated_gpus: str = ""  # raw JSON list for the simulated device source
@@ -167,6 +170,7 @@ class Settings:
             gpu_overhead=_env_uint(env, "OLLAMA_GPU_OVERHEAD", 0),
             origins=parse_origins(_var(env, "OLLAMA_ORIGINS")),
             noprune=_env_bool(env, "OLLAMA_NOPRUNE", False),
+            spare_runner=_env_bool(env, "OLLAMATRIO_SPARE_RUNNER", True),
             debug=parse_debug(_var(env, "OLLAMA_DEBUG")),
             engine=engine,
             simulated_gpus=env.get("OLLAMATRIO_SIMULATED_GPUS", "").strip(),

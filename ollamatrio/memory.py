@@ -16,9 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-from ollamatrio.gguf import ArraySummary, GGUFInfo
+from ollamatrio.gguf import GGML_QUANT_SIZES, ArraySummary, GGMLQuantizationType, GGUFInfo
 from ollamatrio.types import MemoryUsage
 
 __all__ = [
@@ -40,7 +38,7 @@ KV_PAD: Final = 256
 #: Fixed resident memory of a runner process with a model loaded: the interpreter, trio,
 #: psutil, pynvml, gguf (numpy) and the xllamacpp library, plus llama.cpp's server threads.
 #: Measured as RSS minus llama.cpp's own buffers on a 300-token model.
-RUNNER_OVERHEAD: Final = 62 * MiB
+RUNNER_OVERHEAD: Final = 47 * MiB
 #: VRAM a runner process holds on each GPU it may use, beyond llama.cpp's buffers: the CUDA
 #: context and cuBLAS workspace.  Measured on an H100 (CUDA 13): 546 MiB with a 0.1 MB model
 #: (ctx 2048, 1 slot), 550 MiB with ctx 8192 and 4 slots.  ROCm and Vulkan are unmeasured and

@@ -19,13 +19,12 @@ from pathlib import Path
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from .api import create_app
-from .api.app import drain_of
-from .api.models import ApiContext
-from .api.preload import preload_models, warn_missing_models
+from .api.lazy import LazyApp
 from .config import Settings, join_host_port
-from .devices import DeviceSource
+from .devices import DeviceSource, open_device_source
+from .engines import default_engine_factory
 from .engines.capability import engine_device_source
+from .engines.process import ProcessEngineFactory
 from .engines.protocol import EngineFactory
 from .errors import OllamatrioError
 from .http.budget import ConnectionBudget, default_cap, raise_open_file_limit
@@ -33,8 +32,7 @@ from .http.front import serve_http
 from .log import configure_logging
 from .model_config import ConfigError, ModelConfig, load_model_config
 from .runner.folders import remove_stale_runner_folders
-from .scheduler import open_scheduler
-from .slot_cache import SlotCache
+from .scheduler import Scheduler, open_scheduler
 from .store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -112,6 +110,8 @@ def check_models_dir(models_dir: Path) -> None:
 async def sweep_prompt_cache(settings: Settings) -> None:
     """The on-disk prompt cache as the last server left it: saves cut short, states of
     deleted models, and everything over the bound (all of it when the cache is off) go."""
+    from .slot_cache import SlotCache  # sqlite3: not imported before the first answer
+
     cache = SlotCache(settings.prompt_disk_cache_dir, settings.prompt_disk_cache)
     try:
         await trio.to_thread.run_sync(cache.sweep)
@@ -172,7 +172,6 @@ async def serve(
     Raises:
         ConfigError: ``model_config`` was not given and the file cannot be used.
     """
-    budget = ConnectionBudget(connection_cap(settings))
     if model_config is None:
         model_config = await trio.to_thread.run_sync(load_model_config, settings.config_path)
     store = await trio.to_thread.run_sync(
@@ -181,12 +180,38 @@ async def serve(
     pruned = await trio.to_thread.run_sync(store.prune)
     if pruned.blobs_removed:
         log.info("removed %d unused blobs", pruned.blobs_removed)
-    await warn_missing_models(store, model_config)
+    if model_config.models:
+        from .api.preload import warn_missing_models  # reads the store (and GGUF headers)
+
+        await warn_missing_models(store, model_config)
     # Runners killed together with an earlier server left their folders behind.
     await trio.to_thread.run_sync(remove_stale_runner_folders)
-    await sweep_prompt_cache(settings)
-    if devices is None and engines is None:
-        devices = await engine_device_source(settings)  # logs the engine's backends once
+    async with trio.open_nursery() as background:
+        # Tidying the on-disk prompt cache never delays the listener.
+        background.start_soon(sweep_prompt_cache, settings)
+        if devices is None and engines is None:
+            # Logs the engine's backends once (on a machine without GPUs, in the background).
+            devices = await engine_device_source(settings, background=background)
+        await _serve(
+            settings, store, model_config, shutdown_trigger, engines, devices, listener,
+            task_status,
+        )  # fmt: skip
+        background.cancel_scope.cancel()
+    log.info("server stopped")
+
+
+async def _serve(
+    settings: Settings,
+    store: ModelStore,
+    model_config: ModelConfig,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None,
+    engines: EngineFactory | None,
+    devices: DeviceSource | None,
+    listener: socket.socket | None,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
+    """:func:`serve` once the store and the devices are known."""
+    budget = ConnectionBudget(connection_cap(settings))
     stopping = trio.Event()
 
     async def trigger() -> None:
@@ -196,31 +221,51 @@ async def serve(
             await shutdown_trigger()
         stopping.set()
 
+    if engines is None:
+        engines = default_engine_factory(settings, devices or open_device_source(settings))
     async with open_scheduler(
         settings, engines=engines, devices=devices, models=model_config
     ) as scheduler:
-        app = create_app(scheduler, store, settings)
+        # Quart and the dialects are imported when a request first needs them.
+        app = LazyApp(scheduler, store, settings)
         try:
             async with trio.open_nursery() as nursery:
                 # Requests still running when the grace period ends are told why they end.
-                nursery.start_soon(drain_of(app).cut_after, stopping, GRACEFUL_TIMEOUT)
-                # Never delays the listener: loads go on while requests are served.
-                context = ApiContext(scheduler=scheduler, store=store, settings=settings)
-                nursery.start_soon(preload_models, context, model_config)
-                await serve_http(
-                    app,
-                    hypercorn_config(settings, listener),
-                    shutdown_trigger=trigger,
-                    budget=budget,
-                    body_timeout=settings.body_timeout,
-                    task_status=task_status,
-                )
-                nursery.cancel_scope.cancel()
+                nursery.start_soon(app.drain.cut_after, stopping, GRACEFUL_TIMEOUT)
+                if model_config.preloads:
+                    # Never delays the listener: loads go on while requests are served.
+                    nursery.start_soon(_preload, scheduler, store, settings, model_config)
+
+                async def http(task_status: trio.TaskStatus[list[str]]) -> None:
+                    await serve_http(
+                        app,
+                        hypercorn_config(settings, listener),
+                        shutdown_trigger=trigger,
+                        budget=budget,
+                        body_timeout=settings.body_timeout,
+                        task_status=task_status,
+                    )
+                    nursery.cancel_scope.cancel()
+
+                task_status.started(await nursery.start(http))
+                if isinstance(engines, ProcessEngineFactory):
+                    # A runner waiting for the next cold load (OLLAMATRIO_SPARE_RUNNER),
+                    # started once the listener is up: it does not slow the start.
+                    nursery.start_soon(engines.keep_spare)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(UNLOAD_TIMEOUT):
                 scheduler.unload_all()
                 await scheduler.wait_idle()
-    log.info("server stopped")
+
+
+async def _preload(
+    scheduler: Scheduler, store: ModelStore, settings: Settings, model_config: ModelConfig
+) -> None:
+    from .api.models import ApiContext
+    from .api.preload import preload_models
+
+    context = ApiContext(scheduler=scheduler, store=store, settings=settings)
+    await preload_models(context, model_config)
 
 
 async def _set_on_signal(stop: trio.Event) -> None:

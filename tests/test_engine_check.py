@@ -281,3 +281,38 @@ async def test_serve_places_on_the_cpu_with_a_cpu_only_engine(
     assert model["size"] > 0
     assert sum("every model will run on the CPU" in m for m in _messages(caplog, 30)) == 1
     assert sum(m.startswith("engine: ") for m in _messages(caplog, logging.INFO)) == 1
+
+
+async def test_without_gpus_the_probe_runs_beside_the_server(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No GPU for the probe to drop: the devices come back at once and the probe only logs,
+    in the nursery given, so the listener does not wait for a process importing the engine."""
+    fake_nvml.gpus.clear()
+    caplog.set_level(logging.INFO, logger="ollamatrio")
+    asked = trio.Event()
+
+    async def probe() -> EngineReport:
+        asked.set()
+        return CPU_ONLY
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as background:
+            devices = await engine_device_source(
+                _process_settings(), probe=probe, background=background
+            )
+            assert isinstance(devices, NvmlDevices)
+            assert not asked.is_set()  # not yet: it runs once this task lets it
+            await asked.wait()
+    assert _messages(caplog, logging.INFO)[-1] == "engine: xllamacpp 2026.10.11549, backends: CPU"
+
+
+async def test_with_gpus_the_probe_is_waited_for_even_with_a_background(
+    fake_nvml: FakeNvml,
+) -> None:
+    with trio.fail_after(10):
+        async with trio.open_nursery() as background:
+            devices = await engine_device_source(
+                _process_settings(), probe=_probe(CPU_ONLY), background=background
+            )
+    assert isinstance(devices, WithoutGpus)

@@ -34,9 +34,9 @@ log = logging.getLogger(__name__)
 
 
 class _App(QuartTrio):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, drain: Drain | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.drain = Drain()  # serve() cuts it when shutdown's grace period ends
+        self.drain = drain or Drain()  # serve() cuts it when shutdown's grace period ends
         # The generation and progress streams, which the front door (http/front.py) serves
         # ahead of Quart: set by create_app.
         self.stream_routes: GenerationRoutes | None = None
@@ -123,10 +123,13 @@ def drain_of(app: QuartTrio) -> Drain:
     return app.drain
 
 
-def create_app(scheduler: Scheduler, store: ModelStore, settings: Settings) -> QuartTrio:
+def create_app(
+    scheduler: Scheduler, store: ModelStore, settings: Settings, drain: Drain | None = None
+) -> QuartTrio:
+    """The app; ``drain`` is the one shutdown cuts (default: a new one, see :func:`drain_of`)."""
     # An explicit root: Quart would look it up from the package's __file__, which is None
     # when a folder named ollamatrio/ in the working directory shadows an editable install.
-    app = _App("ollamatrio", root_path=str(Path(__file__).resolve().parent))
+    app = _App("ollamatrio", root_path=str(Path(__file__).resolve().parent), drain=drain)
     app.config.update(
         RESPONSE_TIMEOUT=None,  # Quart's 60 s default would cut long generations silently
         BODY_TIMEOUT=None,  # blob uploads take as long as they take

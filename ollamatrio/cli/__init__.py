@@ -11,14 +11,17 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ollamatrio.config import Settings, parse_duration
 
 from . import commands
-from .client import Client, CLIError
-from .run import RunOptions, run
+from .errors import CLIError
 
-Handler = Callable[[Client, argparse.Namespace], int | None]
+if TYPE_CHECKING:  # the HTTP client (httpx) loads for the client commands only, not serve
+    from .client import Client
+
+Handler = Callable[["Client", argparse.Namespace], int | None]
 
 _THINK_LEVELS = ("high", "medium", "low")
 
@@ -48,6 +51,8 @@ def _think(text: str | None) -> bool | str | None:
 
 
 def _cmd_run(client: Client, args: argparse.Namespace) -> int:
+    from .run import RunOptions, run
+
     opts = RunOptions(
         model=args.model,
         keep_alive=_keep_alive(args.keepalive),
@@ -176,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             base_url = Settings.from_env(os.environ).base_url
         except ValueError as exc:
             raise CLIError(str(exc)) from exc
+        from .client import Client
+
         with Client(base_url) as client:
             if args.version:
                 commands.version(client)

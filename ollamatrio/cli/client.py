@@ -17,20 +17,11 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from .errors import CLIError as CLIError
+from .errors import ServerError as ServerError
+
 # Generation can take as long as the model needs; only connecting is bounded.
 _TIMEOUT = httpx.Timeout(None, connect=10.0)
-
-
-class CLIError(Exception):
-    """A failure to report as ``Error: <message>`` with exit status 1."""
-
-
-class ServerError(CLIError):
-    """The server answered with an error; ``status`` is 0 for an error line mid-stream."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _is_loopback(url: str) -> bool:

@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ollamatrio._version import __version__
 from ollamatrio.modelfile import (
@@ -16,7 +16,7 @@ from ollamatrio.modelfile import (
     parse_modelfile,
 )
 
-from .client import Client, CLIError, ServerError
+from .errors import CLIError, ServerError
 from .humanize import (
     human_bytes,
     human_number,
@@ -27,6 +27,9 @@ from .humanize import (
     until,
 )
 from .progress import Progress, Spinner, StatusRenderer
+
+if TYPE_CHECKING:
+    from .client import Client
 
 _UPLOAD_CHUNK = 1 << 20
 

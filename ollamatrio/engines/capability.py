@@ -202,15 +202,27 @@ def check_engine_devices(
 Probe = Callable[[], Awaitable[EngineReport]]
 
 
-async def engine_device_source(settings: Settings, *, probe: Probe | None = None) -> DeviceSource:
+async def engine_device_source(
+    settings: Settings, *, probe: Probe | None = None, background: trio.Nursery | None = None
+) -> DeviceSource:
     """The device source ``ollamatrio serve`` places models with (see the module docstring).
 
     ``probe`` defaults to :func:`probe_engine`.  Simulated GPUs or the simulated engine leave
     nothing to compare: the plain :func:`~ollamatrio.devices.open_device_source` answer,
-    without a probe."""
+    without a probe.  With ``background``, a machine whose NVML lists no GPU gets its
+    answer at once and the probe (a process importing the engine: a few tenths of a second)
+    runs in that nursery: with no GPU to drop, it can only add its log lines."""
     devices = open_device_source(settings)
     if settings.engine != "process" or settings.simulated_gpus.strip():
         return devices
+    if background is not None and not (await devices.inventory()).gpus:
+        background.start_soon(_probed, devices, probe)
+        return devices
+    return await _probed(devices, probe)
+
+
+async def _probed(devices: DeviceSource, probe: Probe | None) -> DeviceSource:
+    """``devices`` after the probe (its answer logged), checked against the engine's."""
     with trio.move_on_after(PROBE_TIMEOUT) as scope:
         try:
             report = await (probe or probe_engine)()

@@ -24,6 +24,9 @@ from ollamatrio.errors import OutOfMemoryError, RunnerStartError
 from ollamatrio.runner.logs import LineTail
 from ollamatrio.runner.options import RunnerConfig, is_oom
 
+# What a spare runner writes once its imports are done (runner/__main__.py).
+SPARE_LINE = b'{"event":"spare"}\n'
+
 
 async def send_config(stdin: trio.abc.SendStream, config: RunnerConfig) -> None:
     try:
@@ -67,11 +70,17 @@ async def wait_ready(
     when it reports an error, stalls, or dies first (``died`` says how)."""
     buffer = b""
     with stall.running() as scope:
-        while b"\n" not in buffer:
-            data = await stdout.receive_some(65536)
-            if not data:
-                break
-            buffer += data
+        while True:
+            while b"\n" not in buffer:
+                data = await stdout.receive_some(65536)
+                if not data:
+                    break
+                buffer += data
+            # A spare runner taken before it said it was ready says so now: not our answer.
+            if buffer.startswith(SPARE_LINE):
+                buffer = buffer[len(SPARE_LINE) :]
+                continue
+            break
     if scope.cancelled_caught:
         last = tail.error_text()
         raise RunnerStartError(

@@ -33,7 +33,8 @@ import math
 import os
 import secrets
 import sys
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -47,11 +48,12 @@ from ollamatrio.engines.protocol import LoadProgress
 from ollamatrio.engines.runner_client import RunnerClient, open_runner_http
 from ollamatrio.engines.shutdown import KILL_GRACE, close_pipes, collapse
 from ollamatrio.engines.slot_persist import SlotPersistence
+from ollamatrio.engines.spare import Spare, SpareKeeper, adopt_runner_process
 from ollamatrio.engines.spawn import run_runner_process, runner_argv, runner_env, runner_folder
 from ollamatrio.errors import OllamatrioError, RunnerCrashedError, RunnerError
 from ollamatrio.runner.options import RunnerConfig
 from ollamatrio.slot_cache import SAVE_SECONDS, SlotCache, cache_key
-from ollamatrio.types import CompletionRequest, LoadSpec, MemoryUsage
+from ollamatrio.types import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage
 
 if TYPE_CHECKING:
     from ollamatrio.config import Settings
@@ -59,6 +61,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_LOAD_TIMEOUT = 300.0  # Ollama: 5 minutes without progress
+
+# A load's stretches in order, each named by the mark that ends it: ours ("spawned",
+# "handshake") and the runner's (its ready line's "marks"), all on time.monotonic, which is
+# CLOCK_MONOTONIC on Linux and so the same clock in both processes.
+LOAD_PHASES = ("spawn", "interpreter", "engine_import", "plan", "model_load", "ready", "handshake")
+_ENDS = {"spawn": "spawned", "interpreter": "main"}
+
+
+def load_phases(marks: Mapping[str, float]) -> dict[str, float]:
+    """Seconds per phase of :data:`LOAD_PHASES` from the marks that end them (``opened``
+    starts the first); a phase whose mark is missing is left out, the next one spanning it,
+    and one whose mark came before the previous one's (a spare runner imported the engine
+    before the load) is 0."""
+    phases: dict[str, float] = {}
+    last = marks.get("opened")
+    for phase in LOAD_PHASES:
+        end = marks.get(_ENDS.get(phase, phase))
+        if last is not None and end is not None:
+            phases[phase] = round(max(0.0, end - last), 4)
+        # A spare runner's first marks come before the load: those phases are 0.
+        last = max(last, end) if last is not None and end is not None else (end or last)
+    return phases
 
 
 class ProcessEngineFactory:
@@ -75,10 +99,13 @@ class ProcessEngineFactory:
         slot_cache: SlotCache | None = None,
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
+        spare_runner: bool | None = None,
     ) -> None:
         """``settings`` supplies ``load_timeout`` (OLLAMA_LOAD_TIMEOUT), ``stall_timeout``
-        (OLLAMATRIO_STALL_TIMEOUT), the log level (OLLAMA_DEBUG) and the on-disk prompt
-        cache (OLLAMATRIO_PROMPT_DISK_CACHE); keyword arguments override them."""
+        (OLLAMATRIO_STALL_TIMEOUT), the log level (OLLAMA_DEBUG), the on-disk prompt cache
+        (OLLAMATRIO_PROMPT_DISK_CACHE) and whether a spare runner is kept
+        (OLLAMATRIO_SPARE_RUNNER; without settings, none); keyword arguments override them.
+        The spare is kept while :meth:`keep_spare` runs."""
         if slot_cache is None and settings is not None and settings.prompt_disk_cache > 0:
             slot_cache = SlotCache(settings.prompt_disk_cache_dir, settings.prompt_disk_cache)
         if load_timeout is None:
@@ -96,9 +123,28 @@ class ProcessEngineFactory:
         self.slot_cache = slot_cache
         self.python = python
         self.env = dict(os.environ if env is None else env)
+        if spare_runner is None:
+            spare_runner = settings is not None and settings.spare_runner
+        # The spare starts with a CPU load's environment (every GPU hidden): a load on GPUs
+        # (their own visible devices) starts a runner of its own, as before.
+        self.spares = (
+            SpareKeeper(runner_argv(python), self._runner_env(LoadSpec(model_path="", name="")))
+            if spare_runner
+            else None
+        )
 
     def _runner_env(self, spec: LoadSpec) -> dict[str, str]:
         return runner_env(self.env, spec)
+
+    async def keep_spare(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep a spare runner for the next cold load until cancelled (if this factory
+        keeps one at all)."""
+        if self.spares is None:
+            task_status.started()
+            return
+        await self.spares.run(task_status=task_status)
 
     @asynccontextmanager
     async def open(
@@ -107,7 +153,10 @@ class ProcessEngineFactory:
         slot_save_dir = ""
         if self.slot_cache is not None and not spec.embedding:
             slot_save_dir = str(await trio.to_thread.run_sync(self.slot_cache.ensure_folder))
-        with runner_folder() as (socket_dir, owner_fd):
+        opened = time.monotonic()
+        spare = self.spares.take(self._runner_env(spec)) if self.spares is not None else None
+        made = (spare.socket_dir, spare.owner_fd) if spare is not None else None
+        with runner_folder(made) as (socket_dir, owner_fd):
             config = RunnerConfig(
                 spec=spec,
                 api_key=secrets.token_urlsafe(32),
@@ -117,12 +166,19 @@ class ProcessEngineFactory:
                 slot_save_dir=slot_save_dir,
             )
             engine = ProcessEngine(config, self, owner_fd=owner_fd, progress=progress)
+            engine._marks["opened"] = opened
+            engine._spare = spare
             try:
                 async with trio.open_nursery() as nursery:
-                    await nursery.start(engine._supervise)
+                    try:
+                        await nursery.start(engine._supervise)
+                    except BaseException:
+                        engine._spare_used()
+                        raise
                     try:
                         yield engine
                     finally:
+                        engine._spare_used()
                         engine._closing = True
                         await engine._save_slots()
                         nursery.cancel_scope.cancel()  # -> SIGTERM, grace, SIGKILL, reap
@@ -157,6 +213,8 @@ class ProcessEngine(RunnerClient):
         self._progress = progress
         self._persistence: SlotPersistence | None = None  # with a prompt cache, once ready
         self.ready: dict[str, Any] = {}  # the runner's ready line
+        self._marks: dict[str, float] = {}  # time.monotonic() at each end of a load phase
+        self._spare: Spare | None = None  # the spare runner this engine took, if any
 
     # -- Engine protocol: facts --------------------------------------------------------
 
@@ -181,13 +239,19 @@ class ProcessEngine(RunnerClient):
         return MemoryUsage(total=host + sum(vram.values()), vram_by_gpu=vram)
 
     @property
+    def load_phases(self) -> dict[str, float]:
+        """Seconds per phase of this runner's start (:data:`LOAD_PHASES`), once ready."""
+        return load_phases(self._marks)
+
+    @property
     def stderr_lines(self) -> list[str]:
         return self._watch.tail.lines
 
     # -- lifetime ----------------------------------------------------------------------
 
     async def _supervise(self, *, task_status: trio.TaskStatus[None]) -> None:
-        """Run the runner: spawn, wait until ready, then watch for an unrequested exit."""
+        """Run the runner: spawn (or adopt the spare), wait until ready, then watch for an
+        unrequested exit."""
         try:
             await self._supervise_process(
                 runner_argv(self._factory.python), task_status=task_status
@@ -200,8 +264,15 @@ class ProcessEngine(RunnerClient):
     ) -> None:
         watch = self._watch
         async with trio.open_nursery() as nursery:
-            process: trio.Process = await nursery.start(
-                partial(
+            if self._spare is not None:
+                start = partial(
+                    adopt_runner_process,
+                    self._spare.process,
+                    kill_grace=self._factory.kill_grace,
+                    exited=watch.exited,
+                )
+            else:
+                start = partial(
                     run_runner_process,
                     argv,
                     env=self._factory._runner_env(self._spec),
@@ -209,7 +280,8 @@ class ProcessEngine(RunnerClient):
                     kill_grace=self._factory.kill_grace,
                     exited=watch.exited,
                 )
-            )
+            process: trio.Process = await nursery.start(start)
+            self._marks["spawned"] = time.monotonic()
             watch.process = process
             assert process.stdin is not None
             assert process.stdout is not None
@@ -245,6 +317,10 @@ class ProcessEngine(RunnerClient):
                 )
             async with open_runner_http(self.ready["socket"], self._config.api_key) as http:
                 self._http = http
+                marks = self.ready.get("marks")
+                if isinstance(marks, dict):
+                    self._marks.update({str(k): float(v) for k, v in marks.items()})
+                self._marks["handshake"] = time.monotonic()
                 task_status.started()
                 await watch.exited.wait()
                 if not self._closing:
@@ -286,6 +362,32 @@ class ProcessEngine(RunnerClient):
                 self._spec.name,
                 trio.current_time() - started,
             )
+
+    # -- the spare it took -------------------------------------------------------------
+
+    def _spare_used(self) -> None:
+        """The spare this engine took has served: its load failed, its first request ended
+        or the engine closed.  Only then does the next spare start, so that its imports do
+        not take the CPU from this load or from its first prompt."""
+        if self._spare is not None and self._factory.spares is not None:
+            self._factory.spares.load_over()
+        self._spare = None
+
+    @asynccontextmanager
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
+        try:
+            async with super().complete(request) as chunks:
+                yield chunks
+        finally:
+            self._spare_used()
+
+    async def embed(
+        self, inputs: Sequence[str], *, truncate: bool = True, dimensions: int | None = None
+    ) -> Embeddings:
+        try:
+            return await super().embed(inputs, truncate=truncate, dimensions=dimensions)
+        finally:
+            self._spare_used()
 
     # -- health ------------------------------------------------------------------------
 

@@ -45,14 +45,20 @@ def runner_env(inherited: Mapping[str, str], spec: LoadSpec) -> dict[str, str]:
 
 
 @contextmanager
-def runner_folder() -> Iterator[tuple[str, int]]:
-    """A runner's folder and the descriptor of our lock on it, for the ``with`` block."""
-    socket_dir, owner_fd = make_runner_folder()  # mode 0700, locked by us and the runner
+def runner_folder(made: tuple[str, int] | None = None) -> Iterator[tuple[str, int]]:
+    """A runner's folder and the descriptor of our lock on it, for the ``with`` block:
+    ``made`` (a spare runner's, made when it started) or a new one."""
+    # Mode 0700, locked by us and the runner.
+    socket_dir, owner_fd = made if made is not None else make_runner_folder()
     try:
         yield socket_dir, owner_fd
     finally:
-        shutil.rmtree(socket_dir, ignore_errors=True)
-        os.close(owner_fd)
+        remove_runner_folder(socket_dir, owner_fd)
+
+
+def remove_runner_folder(socket_dir: str, owner_fd: int) -> None:
+    shutil.rmtree(socket_dir, ignore_errors=True)
+    os.close(owner_fd)
 
 
 async def run_runner_process(

@@ -61,6 +61,7 @@ _CRASH = "crash"
 _RUNNER_STATES = ("loading", "ready", "unloading")
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+_LOAD_PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -92,6 +93,12 @@ class ServerMetrics:
             "ollamatrio_evictions",
             "Runners sent away, by reason (memory, count, request, reload, oom, expired, crash)",
             ["reason"], registry=registry,
+        )  # fmt: skip
+        self.load_phases = Histogram(
+            "ollamatrio_load_phase_seconds",
+            "Seconds each phase of a successful load took (admission, spawn, interpreter, "
+            "engine_import, plan, model_load, ready, handshake; docs/metrics.md)",
+            ["phase"], buckets=_LOAD_PHASE_BUCKETS, registry=registry,
         )  # fmt: skip
         self.ttft = Histogram(
             "ollamatrio_time_to_first_token_seconds",
@@ -133,6 +140,8 @@ class ServerMetrics:
             self.loads.labels(event.model, "ok").inc()
             if event.seconds is not None:
                 self.load_seconds.observe(event.seconds)
+            for phase, seconds in (event.phases or {}).items():
+                self.load_phases.labels(phase).observe(seconds)
         elif event.kind == "load_failed":
             self.loads.labels(event.model, event.reason or "error").inc()
         elif event.kind == "evicting":

@@ -4,7 +4,10 @@ Protocol with the client (:mod:`ollamatrio.engines.process`):
 
 * stdin, first line: a :class:`~ollamatrio.runner.options.RunnerConfig` as JSON (the API key
   never appears on the command line).  stdin then stays open: its EOF means the client died.
-* stdout: exactly one JSON line, ``{"event": "ready", ...}`` or ``{"event": "error", ...}``.
+* stdout: exactly one JSON line, ``{"event": "ready", ...}`` or ``{"event": "error", ...}``;
+  the ready line's ``marks`` say when each stretch of the start ended (``time.monotonic``).
+* ``--spare``: a spare runner (``engines/spare.py``) imports everything first, writes
+  ``{"event":"spare"}`` and only then reads its configuration.
 * stderr: llama.cpp's log, forwarded.
 * The server listens on ``<socket_dir>/llama.sock`` and wants ``Authorization: Bearer <key>``.
 
@@ -26,6 +29,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import psutil
@@ -40,6 +44,9 @@ from ollamatrio.runner.options import (
     is_oom,
     plan_load,
 )
+from ollamatrio.runner.visibility import visible_devices_env
+
+SPARE_FLAG = "--spare"  # the same as engines/spare.py's, which starts spares
 
 _PR_SET_PDEATHSIG = 1
 # The kernel sends the parent-death signal when the parent *thread* that spawned us exits
@@ -132,6 +139,15 @@ def _gpu_facts(config: RunnerConfig) -> tuple[GpuFacts, ...]:
     return tuple(GpuFacts("CUDA", major, minor, driver) for major, minor, driver in found)
 
 
+# When each stretch of the start ended, on the system-wide monotonic clock the server reads
+# too (time.monotonic: CLOCK_MONOTONIC on Linux), so it can place them beside its own marks.
+_marks: dict[str, float] = {}
+
+
+def _mark(phase: str) -> None:
+    _marks[phase] = time.monotonic()
+
+
 def _load(config: RunnerConfig) -> tuple[Any, LoadPlan, str | None]:
     """Plan and load (blocking; runs in a worker thread).  Returns (server or None, plan, error)."""
     from ollamatrio.runner.capture import CapturedStderr
@@ -144,6 +160,7 @@ def _load(config: RunnerConfig) -> tuple[Any, LoadPlan, str | None]:
     )
     for warning in plan.warnings:
         print(f"ollamatrio runner: warning: {warning}", file=sys.stderr, flush=True)
+    _mark("plan")
 
     import xllamacpp
 
@@ -157,6 +174,7 @@ def _load(config: RunnerConfig) -> tuple[Any, LoadPlan, str | None]:
             server, generic = None, str(exc)
     if server is None:
         return None, plan, captured.error_text() or generic
+    _mark("model_load")  # llama.cpp's model open and load, KV cache, warm-up
     return server, plan, None
 
 
@@ -222,6 +240,7 @@ async def serve(config: RunnerConfig) -> int:
         memory = await trio.to_thread.run_sync(measure)
         from ollamatrio.runner.llama import socket_path
 
+        _mark("ready")  # the slots asked, the memory measured
         _emit(
             {
                 "event": "ready",
@@ -230,6 +249,7 @@ async def serve(config: RunnerConfig) -> int:
                 "context_length": context_length,
                 "memory": memory,
                 "load_seconds": round(load_seconds, 4),
+                "marks": _marks,
                 "plan": {
                     "n_ctx": plan.n_ctx,
                     "n_parallel": plan.n_parallel,
@@ -249,16 +269,22 @@ async def serve(config: RunnerConfig) -> int:
     return 0
 
 
-def _import_engine(config: RunnerConfig) -> bool:
+def _import_engine(visible: Mapping[str, str]) -> bool:
     """Import xllamacpp now, in the main thread: CUDA builds crash (SIGSEGV) when first
     imported in a worker thread, such as the one :func:`_load` runs in.  The GPUs this load
-    may not use are hidden first, since the runtimes read that when they initialise.  On
-    failure, report the error event and return False."""
-    from ollamatrio.runner.visibility import visible_devices_env
-
-    os.environ.update(visible_devices_env(config.spec))
+    may not use are hidden first (``visible``), since the runtimes read that when they
+    initialise.  The rest of what a load imports comes along, so that a spare runner has it
+    all done.  On failure, report the error event and return False."""
+    os.environ.update(visible)
     try:
         import xllamacpp  # noqa: F401
+
+        import ollamatrio.gguf
+        import ollamatrio.runner.capture
+        import ollamatrio.runner.llama
+        import ollamatrio.runner.measure  # noqa: F401
+
+        _mark("engine_import")
     except Exception as exc:  # ImportError, or OSError from a missing GPU runtime library
         error = f"cannot load the engine (xllamacpp): {type(exc).__name__}: {exc}"
         _emit({"event": "error", "error": error, "oom": False})
@@ -271,8 +297,16 @@ def main() -> None:
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb attach on abort()
     # Anything else written to stdout (llama.cpp prints plain log lines there) goes to
     # stderr, which the client drains; an unread stdout pipe would fill and block a writer.
+    # A spare (engines/spare.py) imports everything before it waits for its configuration;
+    # its environment, visible GPUs included, was set when it was started.
+    spare = SPARE_FLAG in sys.argv[1:]
+    _mark("main")  # the interpreter up and this module's imports done
     _protocol_fd = os.dup(1)
     os.dup2(2, 1)
+    if spare:
+        if not _import_engine({}):
+            os._exit(1)
+        _emit({"event": "spare"})  # ready; the keeper reads it (engines/handshake.py)
     line = _read_config_line()
     if not line.strip():
         os._exit(2)  # the client died before sending anything
@@ -285,7 +319,7 @@ def main() -> None:
         _leave(1)  # the parent died before PDEATHSIG was armed
     code = 1
     try:
-        if _import_engine(config):
+        if spare or _import_engine(visible_devices_env(config.spec)):
             code = trio.run(serve, config)
     except BaseException as exc:  # report, then leave without llama.cpp's teardown
         with contextlib.suppress(OSError):

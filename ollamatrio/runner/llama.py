@@ -39,6 +39,10 @@ def build_params(config: RunnerConfig, plan: LoadPlan) -> xlc.CommonParams:
         # llama.cpp joins this and the file name without a separator of its own.
         p.slot_save_path = config.slot_save_dir.rstrip("/") + "/"
     p.fit_params = False  # the scheduler decides sizes; no dry-run load
+    # No empty decode at load (Ollama's runner does none either): it only pre-touches weights
+    # the first prompt reads anyway, and on a busy CPU it doubled Server()'s time (median
+    # 1.46 s with it, 0.75 s without, five interleaved pairs; docs/benchmarks.md).
+    p.warmup = False
 
     p.n_ctx = plan.n_ctx
     p.n_parallel = plan.n_parallel

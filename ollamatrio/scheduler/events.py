@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -53,6 +53,7 @@ class SchedulerEvent:
     total: int | None = None
     seconds: float | None = None  # load time (loaded)
     queued: int | None = None  # requests waiting for this model (queued)
+    phases: Mapping[str, float] | None = None  # seconds per load phase (loaded)
     at: float = field(default_factory=time.time)  # wall clock
 
     def as_json(self) -> dict[str, Any]:
@@ -61,6 +62,8 @@ class SchedulerEvent:
             value = getattr(self, name)
             if value is not None:
                 body[name] = value
+        if self.phases is not None:
+            body["phases"] = dict(self.phases)
         return body
 
 

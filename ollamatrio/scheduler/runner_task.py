@@ -15,7 +15,7 @@ locks); ``wake`` tells the placement task that room or a slot in the count was f
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Literal
 
@@ -36,6 +36,24 @@ from .runner import Runner, RunnerState
 from .vram_recovery import gpu_free, wait_for_vram_recovery
 
 log = logging.getLogger(__name__)
+
+
+def load_phases(engine: object, seconds: float) -> dict[str, float]:
+    """Seconds per phase of a load that took ``seconds``: ``admission`` (from the runner's
+    booking to the engine's start), then the engine's own (``engine.load_phases``, which a
+    process engine reports; none from an engine without them)."""
+    reported: Mapping[str, float] = getattr(engine, "load_phases", None) or {}
+    if not reported:
+        return {}
+    admission = round(max(0.0, seconds - sum(reported.values())), 4)
+    return {"admission": admission, **reported}
+
+
+def describe(phases: Mapping[str, float]) -> str:
+    """`` (admission 0.001s, spawn 0.012s, ...)`` for the log line, or nothing."""
+    if not phases:
+        return ""
+    return " (" + ", ".join(f"{name} {value:.3f}s" for name, value in phases.items()) + ")"
 
 
 class RunnerTasks:
@@ -133,8 +151,9 @@ class RunnerTasks:
                         runner.placement, engine.memory.vram_by_gpu, runner.name
                     )
                     seconds = runner.loaded_at - runner.load_started
-                    log.info("loaded %s in %.2fs", runner.name, seconds)
-                    self._publish("loaded", runner, seconds=seconds)
+                    phases = load_phases(engine, seconds)
+                    log.info("loaded %s in %.2fs%s", runner.name, seconds, describe(phases))
+                    self._publish("loaded", runner, seconds=seconds, phases=phases or None)
                     await runner.serve_until_expired()
                     if not runner.evicting:
                         self._publish("expired", runner)
@@ -168,9 +187,12 @@ class RunnerTasks:
         *,
         reason: str | None = None,
         seconds: float | None = None,
+        phases: Mapping[str, float] | None = None,
     ) -> None:
         self._events.publish(
-            SchedulerEvent(kind, runner.name, runner.key, reason=reason, seconds=seconds)
+            SchedulerEvent(
+                kind, runner.name, runner.key, reason=reason, seconds=seconds, phases=phases
+            )
         )
 
     def _load_progress(self, runner: Runner, completed: int, total: int) -> None:

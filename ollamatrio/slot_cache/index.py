@@ -26,15 +26,18 @@ import hashlib
 import logging
 import os
 import secrets
-import sqlite3
 import time
 from array import array
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .statefile import read_state_tokens
+
+if TYPE_CHECKING:
+    import sqlite3
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,8 @@ class SlotCache:
     def _db(self) -> Iterator[sqlite3.Connection]:
         """One transaction on the index.  Its errors come out as ``OSError``: to callers
         the index is one more file that can be unreadable."""
+        import sqlite3  # at first use: the server's start does not pay for it
+
         self.ensure_folder()
         path = self.folder / INDEX_NAME
         fresh = not path.exists()
