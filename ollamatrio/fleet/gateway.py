@@ -153,7 +153,7 @@ class Gateway:
         head = _request_head(scope, len(body) if not streamed else int(length or 0))
         last = len(target.hosts) - 1
         for index, (host, kind) in enumerate(target.hosts):
-            with self.table.sending(host, target.model, kind):
+            with self.table.sending(host, target.model, kind) as attempt:
                 try:
                     if streamed:
                         conn, answer = await _send_streamed(host, head, receive)
@@ -169,7 +169,7 @@ class Gateway:
                     return
                 if answer.status == 503 and index < last and not streamed:
                     # The host's queue is full: the next host may take it.
-                    self.table.refused(host)
+                    self.table.refused(host, attempt)
                     await _discard(host, conn, answer)
                     continue
                 await _relay(host, conn, answer, method, path, receive, send)
