@@ -222,6 +222,24 @@ def test_a_host_that_refused_is_saturated_until_a_request_it_took_ends() -> None
     assert not host.view().saturated
 
 
+async def test_create_and_delete_through_the_gateway_reach_the_shared_store(
+    api_server, tiny_gguf, tmp_path
+) -> None:
+    """The official client's create: ``HEAD`` of the blob (404, no body), its upload, the
+    create; then a delete (200, no body).  Both hosts see the result in their store."""
+    with trio.fail_after(30):
+        async with fleet(api_server, tiny_gguf, tmp_path) as (hosts, gw):
+            async with ollama.AsyncClient(host=gw.url) as client:
+                digest = await client.create_blob(tiny_gguf(seed=7))
+                done = await client.create("made", files={"made.gguf": digest})
+                assert done.status == "success"
+                for host in hosts:
+                    assert host.store.manifest_path("made").exists()
+                await client.delete("made")
+                for host in hosts:
+                    assert not host.store.manifest_path("made").exists()
+
+
 SYSTEM = json.dumps({"gpus": [], "system": {"total": 64 << 30, "cpu_count": 2}})
 
 
