@@ -203,6 +203,8 @@ async def test_a_saturated_host_spills_to_the_next_and_is_skipped_while_full(
                     spilled = await streaming.receive()  # the second host's first stream
                     queued = 3 - spilled
                     nursery.start_soon(hold, client, 3)
+                    while sum(gw.table.decisions.values()) < 5:  # the fourth is on its way
+                        await gw.table.wait_changed()
                     scopes[0].cancel()  # its client leaves: the queued one gets the slot
                     assert await streaming.receive() == queued
                     scopes[spilled].cancel()

@@ -221,7 +221,7 @@ class HostTable:
         self._changed = trio.Event()
 
     async def wait_changed(self) -> None:
-        """Until the table changes (a host up or down, a model's state)."""
+        """Until the table changes (a host up or down, a model's state, a request sent)."""
         await self._changed.wait()
 
     def up(self) -> list[Host]:
@@ -252,6 +252,7 @@ class HostTable:
                 self._recent[model] = (host.name, trio.current_time())
         if kind is not None:
             self.decisions[kind] = self.decisions.get(kind, 0) + 1
+        self._notify()  # a request in flight changes what a host counts as loading
         attempt = Sending()
         try:
             yield attempt
