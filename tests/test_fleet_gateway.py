@@ -171,6 +171,77 @@ async def test_a_client_that_leaves_mid_stream_frees_the_hosts_slot(
             assert hosts[0].engines.loads == 1
 
 
+async def test_a_saturated_host_spills_to_the_next_and_is_skipped_while_full(
+    api_server, tiny_gguf, tmp_path
+) -> None:
+    """One slot and a queue of one per host.  The first stream takes the first host's slot;
+    of the next two, one waits in its queue and the other is refused there (503) and spills
+    to the second host; the fourth waits in the second host's queue.  Each waiting stream
+    gets its tokens once the one ahead of it leaves."""
+    slow = SimulatedBehaviour(load_seconds=0.01, tokens_per_second=50)
+    long = {"model": "tiny", "prompt": "go", "options": {"num_predict": 100_000}}
+    with trio.fail_after(30):
+        async with fleet(api_server, tiny_gguf, tmp_path, behaviour=slow, num_parallel=1,
+                         max_queue=1) as (hosts, gw):  # fmt: skip
+            streaming_send, streaming = trio.open_memory_channel[int](4)
+            scopes = [trio.CancelScope() for _ in range(4)]
+
+            async def hold(client: httpx.AsyncClient, index: int) -> None:
+                with scopes[index]:
+                    async with client.stream("POST", "/api/generate", json=long) as response:
+                        assert response.status_code == 200
+                        await first_token(response.aiter_lines())
+                        streaming_send.send_nowait(index)
+                        await trio.sleep_forever()
+
+            async with httpx.AsyncClient(base_url=gw.url, timeout=None) as client:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(hold, client, 0)
+                    assert await streaming.receive() == 0
+                    nursery.start_soon(hold, client, 1)
+                    nursery.start_soon(hold, client, 2)
+                    spilled = await streaming.receive()  # the second host's first stream
+                    queued = 3 - spilled
+                    nursery.start_soon(hold, client, 3)
+                    while sum(gw.table.decisions.values()) < 5:  # the fourth is on its way
+                        await gw.table.wait_changed()
+                    scopes[0].cancel()  # its client leaves: the queued one gets the slot
+                    assert await streaming.receive() == queued
+                    scopes[spilled].cancel()
+                    assert await streaming.receive() == 3
+                    nursery.cancel_scope.cancel()
+            assert [h.engines.loads for h in hosts] == [1, 1]
+            assert gw.table.decisions == {"cold": 2, "warm": 3}
+
+
+def test_a_host_that_refused_is_saturated_until_a_request_it_took_ends() -> None:
+    table = HostTable(["http://127.0.0.1:9"])
+    host = table.hosts["http://127.0.0.1:9"]
+    with table.sending(host, "tiny:latest", "warm"):  # a request the host took
+        with table.sending(host, "tiny:latest", "warm") as attempt:
+            table.refused(host, attempt)
+        assert host.view().saturated  # the refused request freed no place
+    assert not host.view().saturated
+
+
+async def test_create_and_delete_through_the_gateway_reach_the_shared_store(
+    api_server, tiny_gguf, tmp_path
+) -> None:
+    """The official client's create: ``HEAD`` of the blob (404, no body), its upload, the
+    create; then a delete (200, no body).  Both hosts see the result in their store."""
+    with trio.fail_after(30):
+        async with fleet(api_server, tiny_gguf, tmp_path) as (hosts, gw):
+            async with ollama.AsyncClient(host=gw.url) as client:
+                digest = await client.create_blob(tiny_gguf(seed=7))
+                done = await client.create("made", files={"made.gguf": digest})
+                assert done.status == "success"
+                for host in hosts:
+                    assert host.store.manifest_path("made").exists()
+                await client.delete("made")
+                for host in hosts:
+                    assert not host.store.manifest_path("made").exists()
+
+
 SYSTEM = json.dumps({"gpus": [], "system": {"total": 64 << 30, "cpu_count": 2}})
 
 

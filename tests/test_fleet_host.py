@@ -122,10 +122,12 @@ def test_fleet_up_options_from_flags_config_and_environment(tmp_path: Path) -> N
 
     config = tmp_path / "fleet.toml"
     config.write_text('[fleet]\nmin_replicas = 1\nmax_replicas = 3\nnum_gpus = 1\n'
+                      'upscale_delay_s = 0.5\ndownscale_delay_s = 2\n'
                       '[env]\nOLLAMA_KEEP_ALIVE = "1h"\n')  # fmt: skip
     environ = {"OLLAMA_HOST": "0.0.0.0:8080", "OLLAMA_MODELS": "/shared", "HOME": "/root"}
     options = options_from(_args(config=config), environ)
     assert (options.min_replicas, options.max_replicas, options.num_gpus) == (1, 3, 1)
+    assert (options.upscale_delay_s, options.downscale_delay_s) == (0.5, 2)
     assert options.autoscaling
     assert options.gateway_bind == "0.0.0.0:8080"
     assert options.env == {"OLLAMA_MODELS": "/shared", "OLLAMA_KEEP_ALIVE": "1h"}

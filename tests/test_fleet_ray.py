@@ -1,10 +1,12 @@
 """The fleet on a real two-node Ray cluster (fleet/ray_app.py, fleet/ray_cli.py): ``fleet
-up``, routing through the gateway, a host's server killed, ``fleet status``, ``fleet down``.
+up``, routing through the gateway, the official clients, a host's server killed mid-stream,
+``fleet status``, ``fleet down``; then an autoscaled fleet (1 to 2 hosts of one slot and a
+queue of one): spill to a second host, a client leaving, scaling up and down.
 
 The cluster runs inside a private user, network and PID namespace (``unshare -rn --pid``)
 that tests/helpers/fleet_ray_scenario.py creates and drives: only ``lo`` there (Ray keeps
 127.0.0.1), each node with one CPU and an 80 MB object store, stopped by PID, and every
-process of the namespace ends with it.  One run (about 80 s here) serves every test below.
+process of the namespace ends with it.  One run (about 2 minutes here) serves every test below.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from conftest import import_model
 
 from ollamatrio.store import ModelStore
 
-pytestmark = pytest.mark.slow  # a Ray cluster: about 90 s; CI runs slow tests too
+pytestmark = pytest.mark.slow  # a Ray cluster: about 2 minutes; CI runs slow tests too
 ray = pytest.importorskip("ray", reason="the fleet extra is not installed: pip install '.[fleet]'")
 
 SCENARIO = Path(__file__).parent / "helpers" / "fleet_ray_scenario.py"
 UNSHARE = ["unshare", "-rn", "--pid", "--fork", "--mount-proc"]
-TIMEOUT = 240  # seconds for the whole scenario, on a busy two-core machine
+TIMEOUT = 300  # seconds for the whole scenario, on a busy two-core machine
 
 
 def _namespaces_work() -> str | None:
@@ -112,6 +114,68 @@ def test_a_killed_hosts_server_is_routed_around_and_replaced(run: dict[str, Any]
     assert run["after_kill"]["status"] == 200
     assert run["after_kill"]["seconds"] < 15
     assert run["replaced_seconds"] is not None  # Serve replaced the replica within 40 s
+
+
+def test_the_official_clients_stream_through_the_ray_deployed_gateway(
+    run: dict[str, Any],
+) -> None:
+    _check(run, "ollama_client", "openai_sdk")
+    assert run["ollama_client"]["done"]
+    assert run["ollama_client"]["chunks"] > 1
+    assert run["ollama_client"]["text"].strip()
+    assert run["openai_sdk"]["finish_reason"] == "length"
+    assert run["openai_sdk"]["chunks"] > 1
+    assert run["openai_sdk"]["text"].strip()
+
+
+def test_a_stream_on_a_killed_hosts_server_ends_with_an_error_line(run: dict[str, Any]) -> None:
+    _check(run, "killed_stream")
+    cut = run["killed_stream"]
+    assert cut["status"] == 200
+    assert cut["failure"] is None, cut  # a proper end of the body, not a broken connection
+    assert "failed" in cut["last"]["error"], cut
+
+
+def test_autoscaling_adds_a_host_when_the_only_one_is_full_and_the_rest_spills_there(
+    run: dict[str, Any],
+) -> None:
+    _check(run, "scaled_up", "scale_up_seconds", "spilled_ps")
+    assert run["scaled_up"]["rc"] == 0
+    assert run["scaled_up"]["output"].strip() == "ready: http://127.0.0.1:11434 (1 replicas)"
+    assert run["scale_up_seconds"] is not None  # two hosts within 60 s of the full queue
+    rows = run["spilled_ps"]
+    assert len({r["replica"] for r in rows}) == 2  # tiny on both hosts
+    assert [(r["active"], r["queued"]) for r in rows] == [(1, 1), (1, 1)]
+    assert 'ollamatrio_fleet_routing_decisions_total{kind="cold"} 2.0' in run["spill_metrics"]
+
+
+def test_a_client_leaving_mid_stream_frees_the_hosts_slot_within_200_ms(
+    run: dict[str, Any],
+) -> None:
+    _check(run, "slot_freed_seconds")
+    assert 0 < run["slot_freed_seconds"] < 0.2
+
+
+def test_autoscaling_scales_back_down_and_the_removed_hosts_server_is_gone(
+    run: dict[str, Any],
+) -> None:
+    _check(run, "streams", "scale_down_seconds", "removed_host")
+    assert [s["status"] for s in run["streams"]] == [200] * 4
+    assert all(s["failure"] is None for s in run["streams"]), run["streams"]
+    assert run["scale_down_seconds"] is not None  # one host within 60 s of the last stream
+    assert run["removed_host"]["pid"] is not None
+    assert run["removed_host"]["server_gone"]
+
+
+def test_fleet_down_of_the_autoscaled_fleet_leaves_no_server_or_runner(
+    run: dict[str, Any],
+) -> None:
+    _check(run, "down_autoscaled")
+    assert run["down_autoscaled"]["rc"] == 0, run["down_autoscaled"]["output"]
+    assert run["serve_left_autoscaled"] == []
+    assert run["runners_left"] == []
+    assert run["runner_folders_left"] == []
+    assert run["replicas_left_autoscaled"] == []
 
 
 def test_fleet_down_leaves_no_server_replica_or_ray_process(run: dict[str, Any]) -> None:

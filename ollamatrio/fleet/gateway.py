@@ -42,6 +42,7 @@ from ..api.openai_stream import ChatEvents
 from ..api.requests import MAX_JSON_BODY
 from ..config import Settings
 from ..http.front import serve_http
+from ..http.http1 import LAST_CHUNK, chunk
 from ..serve import hypercorn_config
 from . import gateway_fleetwide as fleetwide
 from .gateway_hosts import Host, HostTable, model_key
@@ -133,9 +134,6 @@ class Gateway:
             return
         length = next((v for k, v in headers if k == b"content-length"), None)
         streamed = method == "POST" and path.startswith(_BLOBS)
-        if streamed and length is None:
-            await _answer(send, 411, error_body(path, "a blob upload needs a Content-Length", 411))
-            return
         body = b""
         if not streamed:
             if length is not None and int(length) > MAX_JSON_BODY:
@@ -150,13 +148,18 @@ class Gateway:
         if not target.hosts:
             await _answer(send, 503, error_body(path, "no host of the fleet is up", 503))
             return
-        head = _request_head(scope, len(body) if not streamed else int(length or 0))
+        if not streamed:
+            head = _request_head(scope, len(body))
+        else:  # as the client frames it: its Content-Length, else chunks
+            head = _request_head(scope, int(length) if length is not None else None)
         last = len(target.hosts) - 1
         for index, (host, kind) in enumerate(target.hosts):
-            with self.table.sending(host, target.model, kind):
+            with self.table.sending(host, target.model, kind) as attempt:
                 try:
                     if streamed:
-                        conn, answer = await _send_streamed(host, head, receive)
+                        conn, answer = await _send_streamed(
+                            host, head, receive, chunked=length is None
+                        )
                     else:
                         request = head + host.pool.authority + b"\r\n\r\n" + body
                         conn, answer = await host.pool.send(request)
@@ -169,7 +172,7 @@ class Gateway:
                     return
                 if answer.status == 503 and index < last and not streamed:
                     # The host's queue is full: the next host may take it.
-                    self.table.refused(host)
+                    self.table.refused(host, attempt)
                     await _discard(host, conn, answer)
                     continue
                 await _relay(host, conn, answer, method, path, receive, send)
@@ -215,9 +218,10 @@ async def _read_body(receive: ASGIReceive) -> bytes | None:
             return bytes(body)
 
 
-def _request_head(scope: dict[str, Any], length: int) -> bytes:
+def _request_head(scope: dict[str, Any], length: int | None) -> bytes:
     """The request head for a host, up to its ``host:`` value (the host fills that in)
-    and with its own framing: the client's hop-by-hop headers are dropped."""
+    and with its own framing (``length`` None: chunks): the client's hop-by-hop headers
+    are dropped."""
     target = scope["raw_path"]
     if scope["query_string"]:
         target += b"?" + scope["query_string"]
@@ -225,17 +229,20 @@ def _request_head(scope: dict[str, Any], length: int) -> bytes:
     lines += [
         name + b": " + value + b"\r\n" for name, value in scope["headers"] if name not in _HOP
     ]
-    if length or scope["method"] in ("POST", "PUT", "PATCH"):
+    if length is None:
+        lines.append(b"transfer-encoding: chunked\r\n")
+    elif length or scope["method"] in ("POST", "PUT", "PATCH"):
         lines.append(b"content-length: %d\r\n" % length)
     lines.append(b"host: ")
     return b"".join(lines)
 
 
 async def _send_streamed(
-    host: Host, head: bytes, receive: ASGIReceive
+    host: Host, head: bytes, receive: ASGIReceive, *, chunked: bool
 ) -> tuple[Upstream, ResponseHead]:
     """A request whose body is streamed to the host as the client sends it (blob uploads),
-    on a fresh connection: a body half-sent cannot be sent again."""
+    on a fresh connection: a body half-sent cannot be sent again.  A body without a
+    ``Content-Length`` (the official Python client's uploads) goes on in chunks."""
     conn = await host.pool.connect()
     try:
         try:
@@ -245,8 +252,10 @@ async def _send_streamed(
                 if message["type"] == "http.disconnect":
                     raise HostConnectionError("the client left during the upload")
                 if piece := message.get("body", b""):
-                    await conn.stream.send_all(piece)
+                    await conn.stream.send_all(chunk(piece) if chunked else piece)
                 if not message.get("more_body", False):
+                    if chunked:
+                        await conn.stream.send_all(LAST_CHUNK)
                     break
         except (trio.BrokenResourceError, OSError) as exc:
             raise HostConnectionError(f"connection to the host failed: {exc}") from exc
@@ -283,6 +292,8 @@ async def _relay(
     failure: HostConnectionError | None = None
     try:
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        if reader.done:  # no body (HEAD, 204, an empty answer): its end at once
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             try:

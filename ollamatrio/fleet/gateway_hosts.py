@@ -28,6 +28,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing, contextmanager
+from dataclasses import dataclass
 from typing import Any, Final
 
 import trio
@@ -126,6 +127,13 @@ class Host:
         return model
 
 
+@dataclass
+class Sending:
+    """One request's attempt at one host."""
+
+    refused: bool = False  # the host answered 503
+
+
 class HostTable:
     """Every host, and the routing decisions over them.
 
@@ -213,7 +221,7 @@ class HostTable:
         self._changed = trio.Event()
 
     async def wait_changed(self) -> None:
-        """Until the table changes (a host up or down, a model's state)."""
+        """Until the table changes (a host up or down, a model's state, a request sent)."""
         await self._changed.wait()
 
     def up(self) -> list[Host]:
@@ -235,7 +243,7 @@ class HostTable:
         return self.up()
 
     @contextmanager
-    def sending(self, host: Host, model: str | None, kind: str | None) -> Iterator[None]:
+    def sending(self, host: Host, model: str | None, kind: str | None) -> Iterator[Sending]:
         """A request in flight to ``host`` (counted synchronously on both sides, so a
         decision taken meanwhile sees it)."""
         if model is not None:
@@ -244,18 +252,24 @@ class HostTable:
                 self._recent[model] = (host.name, trio.current_time())
         if kind is not None:
             self.decisions[kind] = self.decisions.get(kind, 0) + 1
+        self._notify()  # a request in flight changes what a host counts as loading
+        attempt = Sending()
         try:
-            yield
+            yield attempt
         finally:
             if model is not None:
                 host.inflight[model] -= 1
                 if not host.inflight[model]:
                     del host.inflight[model]
-            if host.refused:
-                host.refused = False  # a place in its queue is free again
+            # A request the host took has ended: a place in its queue is free again.  The
+            # request it refused freed nothing.
+            if host.refused and not attempt.refused:
+                host.refused = False
                 self._notify()
 
-    def refused(self, host: Host) -> None:
+    def refused(self, host: Host, attempt: Sending) -> None:
+        """``host`` answered ``attempt`` 503: saturated until a request it took ends."""
+        attempt.refused = True
         host.refused = True
         self._notify()
 

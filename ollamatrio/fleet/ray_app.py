@@ -63,6 +63,12 @@ class FleetOptions:
     min_replicas: int | None = None  # both set: autoscaling between them
     max_replicas: int | None = None
     target_requests: float = TARGET_REQUESTS
+    # Serve's autoscaling pace (seconds): how long a wish to scale must hold, how often
+    # hosts report their requests and over how long a window those reports are averaged.
+    upscale_delay_s: float = 2.0
+    downscale_delay_s: float = 10.0
+    metrics_interval_s: float = 1.0
+    look_back_period_s: float = 4.0
     num_cpus: float = 0.0  # per host replica; Ray's default of 1 would idle a core
     num_gpus: float = 0.0
     gateway_bind: str = "127.0.0.1:11434"  # OLLAMA_HOST of the gateway
@@ -248,10 +254,10 @@ def build(options: FleetOptions) -> Any:
             "max_replicas": options.max_replicas,
             "initial_replicas": options.min_replicas,
             "target_ongoing_requests": options.target_requests,
-            "upscale_delay_s": 2.0,
-            "downscale_delay_s": 10.0,
-            "metrics_interval_s": 1.0,
-            "look_back_period_s": 4.0,
+            "upscale_delay_s": options.upscale_delay_s,
+            "downscale_delay_s": options.downscale_delay_s,
+            "metrics_interval_s": options.metrics_interval_s,
+            "look_back_period_s": options.look_back_period_s,
             "policy": {"policy_function": f"{__name__}:requests_policy"},
         }
     else:

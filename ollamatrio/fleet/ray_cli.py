@@ -29,7 +29,8 @@ from .ray_app import APP_NAME, GATEWAY, FleetOptions, build, host_env, node_ip
 
 READY_TIMEOUT: Final = 120.0  # seconds for every host to come up after Serve says running
 _SETTINGS: Final = ("replicas", "min_replicas", "max_replicas", "target_requests",
-                    "num_cpus", "num_gpus")  # fmt: skip
+                    "upscale_delay_s", "downscale_delay_s", "metrics_interval_s",
+                    "look_back_period_s", "num_cpus", "num_gpus")  # fmt: skip
 
 
 class FleetError(Exception):

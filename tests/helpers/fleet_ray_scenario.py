@@ -109,7 +109,152 @@ def listening_port(proc: psutil.Process) -> int | None:
     return None
 
 
-def scenarios(env: dict[str, str], results: dict[str, Any], save: Any) -> None:
+# The second fleet: one slot and a queue of one per host, paced tokens (50 a second), and
+# Serve's autoscaling delays cut to fit a test (seconds, not minutes).
+AUTOSCALED = """
+[fleet]
+min_replicas = 1
+max_replicas = 2
+target_requests = 1.0
+upscale_delay_s = 0.5
+downscale_delay_s = 2.0
+metrics_interval_s = 0.5
+look_back_period_s = 1.0
+
+[env]
+OLLAMA_NUM_PARALLEL = "1"
+OLLAMA_MAX_QUEUE = "1"
+OLLAMATRIO_SIMULATED_ENGINE = '{{"default": {{"load_seconds": 0.05, "tokens_per_second": 50}}}}'
+TMPDIR = "{tmp}"
+"""
+LONG = {"prompt": "go", "options": {"num_predict": 100_000}}
+
+
+class Stream(threading.Thread):
+    """A long ``/api/generate`` stream through the gateway, read in a thread of its own
+    until the host ends it or :meth:`leave` makes its client leave."""
+
+    def __init__(self, url: str, model: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.model = url, model
+        self.first_token = threading.Event()
+        self.first_token_at = 0.0
+        self.left_at = 0.0
+        self.status: int | None = None
+        self.lines: list[dict[str, Any]] = []
+        self.failure: str | None = None
+        self._leave = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("POST", f"{self.url}/api/generate", timeout=60,
+                              json={"model": self.model, **LONG}) as response:  # fmt: skip
+                self.status = response.status_code
+                for line in response.iter_lines():
+                    if not line:
+                        continue
+                    data = json.loads(line)
+                    self.lines.append(data)
+                    if data.get("response") and not self.first_token.is_set():
+                        self.first_token_at = time.monotonic()
+                        self.first_token.set()
+                    if self._leave.is_set():
+                        break
+            self.left_at = time.monotonic()
+        except Exception as exc:
+            self.failure = repr(exc)
+        finally:
+            self.first_token.set()  # nobody waits forever on a stream that failed
+
+    def leave(self) -> None:
+        """The client goes away at the next line."""
+        self._leave.set()
+
+    def summary(self) -> dict[str, Any]:
+        return {"status": self.status, "lines": len(self.lines), "failure": self.failure,
+                "last": self.lines[-1] if self.lines else None}  # fmt: skip
+
+
+def ollama_stream(url: str) -> dict[str, Any]:
+    import ollama
+
+    chat = ollama.Client(host=url).chat(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True,
+        options={"num_predict": 5},
+    )  # fmt: skip
+    parts = list(chat)
+    return {"chunks": len(parts), "done": bool(parts[-1].done),
+            "text": "".join(p.message.content or "" for p in parts)}  # fmt: skip
+
+
+def openai_stream(url: str) -> dict[str, Any]:
+    import openai
+
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="ollama", max_retries=0) as sdk:
+        chunks = list(sdk.chat.completions.create(
+            model="other", messages=[{"role": "user", "content": "hi"}], stream=True,
+            max_tokens=5,
+        ))  # fmt: skip
+    choices = [c.choices[0] for c in chunks if c.choices]
+    return {"chunks": len(chunks), "finish_reason": choices[-1].finish_reason,
+            "text": "".join(c.delta.content or "" for c in choices)}  # fmt: skip
+
+
+def watch_hosts(client: httpx.Client, seconds: float) -> Any:
+    """The gateway's hosts that are up (replica id → address), every 0.2 s, for at most
+    ``seconds``: the cluster is outside this process, nothing to wait on but time."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        hosts = {}
+        for line in client.get("/metrics").text.splitlines():
+            if line.startswith("ollamatrio_fleet_host{") and line.endswith(" 1.0"):
+                labels = dict(
+                    part.split("=", 1) for part in line[line.index("{") + 1:line.index("}")]
+                    .replace('"', "").split(",")
+                )  # fmt: skip
+                hosts[labels["replica"]] = labels["host"]
+        yield hosts
+        time.sleep(0.2)
+
+
+def wait_rows(client: httpx.Client, model: str, hosts: int, requests: int) -> list[Any]:
+    """``/api/ps`` rows once ``model`` is on ``hosts`` hosts with ``requests`` running and
+    queued on each (or the last seen, after 30 s)."""
+    deadline = time.monotonic() + 30
+    while True:
+        rows = [r for r in client.get("/api/ps").json()["models"] if r["name"] == model]
+        full = all(r["active"] + r["queued"] == requests for r in rows)
+        if (len(rows) == hosts and full) or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.1)
+
+
+def server_pid(url: str) -> int | None:
+    port = int(url.rsplit(":", 1)[1])
+    return next((p.pid for p in serve_processes() if listening_port(p) == port), None)
+
+
+def wait_gone(pid: int, seconds: float) -> bool:
+    """Whether ``pid`` still runs after ``seconds`` (zombies count as gone)."""
+    try:
+        proc = psutil.Process(pid)
+        proc.wait(seconds)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.TimeoutExpired:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def replica_processes() -> list[int]:
+    return [
+        p.pid for p in psutil.process_iter(["cmdline"])
+        if any("ServeReplica" in part for part in p.info["cmdline"] or [])
+    ]  # fmt: skip
+
+
+def scenarios(env: dict[str, str], results: dict[str, Any], save: Any, work: Path) -> None:
     rc, out, seconds = fleet(env, "up", "--replicas", "2")
     results["up"] = {"rc": rc, "output": out, "seconds": seconds}
     save()
@@ -147,41 +292,114 @@ def scenarios(env: dict[str, str], results: dict[str, Any], save: Any) -> None:
     results["status"] = json.loads(out) if rc == 0 else {"rc": rc, "output": out}
     save()
 
-    # SIGKILL of the server holding tiny: the next request for tiny is still answered.
+    # The official clients, streaming through the gateway.
+    results["ollama_client"] = ollama_stream(url)
+    results["openai_sdk"] = openai_stream(url)
+    save()
+
+    # SIGKILL of the server holding tiny, a stream on it: the stream ends with an error
+    # line, and the next request for tiny is still answered.
     holder = next(r for r in results["alternating_ps"] if r["name"] == "tiny:latest")
     port = next(
         int(h["url"].rsplit(":", 1)[1]) for h in results["status"]["hosts"]
         if h["replica"] == holder["replica"]
     )  # fmt: skip
     victim = next(p for p in serve_processes() if listening_port(p) == port)
+    cut = Stream(url, "tiny")
+    cut.first_token.wait(30)
     victim.kill()
+    cut.join()
+    results["killed_stream"] = cut.summary()
     start = time.monotonic()
     body = {"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": 3}}
     answer = httpx.post(f"{url}/api/generate", json=body, timeout=15)
     results["after_kill"] = {"status": answer.status_code, "seconds": time.monotonic() - start}
     save()
     # Serve notices the dead server (health check) and replaces the replica.
-    deadline = time.monotonic() + 40
     replaced = None
-    while time.monotonic() < deadline:
-        rc, out, _ = fleet(env, "status", "--json")
-        if rc == 0:
-            hosts = json.loads(out)["hosts"]
-            fresh = [h for h in hosts if h["up"] and h["replica"] != holder["replica"]]
-            if len(fresh) == 2:
-                replaced = time.monotonic() - start
-                break
-        time.sleep(1)  # an external cluster: nothing to wait on but time
+    for hosts in watch_hosts(client, 40):
+        if len(hosts) == 2 and holder["replica"] not in hosts:
+            replaced = time.monotonic() - start
+            break
     results["replaced_seconds"] = replaced
     save()
 
     rc, out, seconds = fleet(env, "down")
     results["down"] = {"rc": rc, "output": out, "seconds": seconds}
     results["serve_left"] = [p.pid for p in serve_processes()]
-    results["replicas_left"] = [
+    results["replicas_left"] = replica_processes()
+    save()
+    if rc == 0:
+        autoscaling(env, results, save, work)
+
+
+def autoscaling(env: dict[str, str], results: dict[str, Any], save: Any, work: Path) -> None:
+    """A second fleet, autoscaled between 1 and 2 hosts of one slot and a queue of one:
+    two streams fill the only host, a second host comes, two more streams spill to it, a
+    client that leaves frees its slot for the stream queued behind it, and once every
+    stream has ended the fleet shrinks to one host again, the other's server gone."""
+    runner_tmp = work / "runner-tmp"
+    runner_tmp.mkdir()
+    config = work / "fleet.toml"
+    config.write_text(AUTOSCALED.format(tmp=runner_tmp))
+    rc, out, seconds = fleet(env, "up", "--config", str(config))
+    results["scaled_up"] = {"rc": rc, "output": out, "seconds": seconds}
+    save()
+    if rc != 0:
+        return
+    url = f"http://{GATEWAY}"
+    client = httpx.Client(base_url=url, timeout=30)
+    streams: list[Stream] = []
+    try:
+        streams.append(Stream(url, "tiny"))
+        streams[0].first_token.wait(30)
+        streams.append(Stream(url, "tiny"))  # queued behind the first: the host is full
+        start = time.monotonic()
+        two = next((h for h in watch_hosts(client, 60) if len(h) == 2), None)
+        results["scale_up_seconds"] = time.monotonic() - start if two else None
+        save()
+        if two is None:
+            return
+        # The first host answers 503 (its queue is full): both streams go to the second.
+        streams.append(Stream(url, "tiny"))
+        streams[2].first_token.wait(30)
+        streams.append(Stream(url, "tiny"))
+        rows = wait_rows(client, "tiny:latest", 2, 2)
+        results["spilled_ps"] = rows
+        results["spill_metrics"] = client.get("/metrics").text
+        pids = {replica: server_pid(host) for replica, host in two.items()}
+        save()
+
+        # The first client leaves: the stream queued behind it gets the slot.
+        streams[0].leave()
+        streams[0].join()
+        streams[1].first_token.wait(5)
+        results["slot_freed_seconds"] = streams[1].first_token_at - streams[0].left_at
+        save()
+    finally:
+        for stream in streams[1:]:
+            stream.leave()
+        for stream in streams:
+            stream.join()
+    results["streams"] = [stream.summary() for stream in streams]
+    start = time.monotonic()
+    one = next((h for h in watch_hosts(client, 60) if len(h) == 1), None)
+    results["scale_down_seconds"] = time.monotonic() - start if one else None
+    save()
+    if one is not None:
+        removed = next(replica for replica in two if replica not in one)
+        pid = pids[removed]
+        gone = pid is None or not wait_gone(pid, 30)
+        results["removed_host"] = {"replica": removed, "pid": pid, "server_gone": gone}
+    rc, out, seconds = fleet(env, "down")
+    results["down_autoscaled"] = {"rc": rc, "output": out, "seconds": seconds}
+    results["serve_left_autoscaled"] = [p.pid for p in serve_processes()]
+    results["runners_left"] = [
         p.pid for p in psutil.process_iter(["cmdline"])
-        if any("ServeReplica" in part for part in p.info["cmdline"] or [])
+        if (p.info["cmdline"] or [])[1:3] == ["-m", "ollamatrio.runner"]
     ]  # fmt: skip
+    results["runner_folders_left"] = sorted(p.name for p in runner_tmp.iterdir())
+    results["replicas_left_autoscaled"] = replica_processes()
     save()
 
 
@@ -226,7 +444,7 @@ def main() -> None:
             raise RuntimeError("the second Ray node did not start")
         results["cluster_seconds"] = time.monotonic() - start
         save()
-        scenarios(env, results, save)
+        scenarios(env, results, save, results_path.parent)
     except Exception as exc:
         results["error"] = repr(exc)
     finally:

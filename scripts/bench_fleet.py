@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""Benchmark the fleet gateway: what one hop through it costs a streamed token, and how many
+model loads its routing saves over a model-blind one.
+
+Two ``python -m ollamatrio serve`` hosts (the simulated engine, tokens paced at ``--rate``
+a second, one shared store of tiny generated models) and ``python -m ollamatrio fleet
+gateway`` in front of them, each its own process, so that the gateway's CPU time (``psutil``,
+the gateway process alone) can be divided by the tokens it relayed.
+
+* **Paced streams**: ``--streams`` concurrent ``/api/generate`` streams of ``--tokens``
+  tokens each, straight to the host that holds the model, then through the gateway (which
+  sends them to that same host), rounds alternating.  Columns: time to first token p50,
+  inter-token gap p50/p99 (as the client sees the lines), the gateway's CPU µs per token,
+  and the gateway's TTFT over direct (medians).
+* **Mixed models**: ``--requests`` short requests over ``--models`` models from
+  ``--clients`` concurrent clients (a seeded random sequence), each host holding at most
+  ``--max-loaded`` models (``OLLAMA_MAX_LOADED_MODELS``): model loads on all hosts (from the
+  hosts' ``ollamatrio_loads_total``) through the gateway (this policy) and round-robin
+  straight to the hosts (model-blind, as Serve's default router, which picks the shorter
+  of two random replicas' queues, is).
+
+* **The floor**: the same number of paced streams through the barest Trio relay (socket
+  pairs in this process; per token one ``wait_readable``, one ``read``, one ``write``), each
+  stream's tokens at their own moments: the CPU per token no relay on Trio goes below on
+  this machine, to read the gateway's against.
+
+Serve's own proxy and handle path is not run here (it needs a Ray cluster); issue 23
+measured it at 1.0-1.7 ms of Ray CPU per streamed token with a prototype.
+
+    .venv/bin/python scripts/bench_fleet.py [--streams 8] [--rate 50] [--tokens 400]
+        [--rounds 3] [--models 4] [--max-loaded 3] [--requests 48] [--clients 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import random
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import trio
+
+from ollamatrio.store import ModelStore, import_gguf
+from ollamatrio.testing import write_tiny_gguf
+
+SYSTEM = json.dumps({"gpus": [], "system": {"total": 64 << 30, "cpu_count": 2}})
+
+
+@dataclass
+class Round:
+    ttfts: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+    tokens: int = 0
+    gateway_cpu: float = 0.0
+    host_cpu: float = 0.0  # the host that serves the streams
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(args: list[str], env: dict[str, str], pattern: str, stdout: bool) -> tuple[
+    subprocess.Popen[str], str
+]:  # fmt: skip
+    """A child process and the address it announces (``pattern`` on stdout or stderr)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ollamatrio", *args], env=env, text=True,
+        stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL if stdout else subprocess.PIPE,
+    )  # fmt: skip
+    stream = proc.stdout if stdout else proc.stderr
+    assert stream is not None
+    for line in stream:
+        if (match := re.search(pattern, line)) is not None:
+            return proc, match.group(1)
+    raise RuntimeError(f"{args} exited with {proc.wait()}")
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def stream(client: httpx.AsyncClient, url: str, body: dict[str, object], out: Round) -> None:
+    sent = time.perf_counter()
+    last = None
+    async with client.stream("POST", f"{url}/api/generate", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line or not json.loads(line).get("response"):
+                continue
+            now = time.perf_counter()
+            if last is None:
+                out.ttfts.append(now - sent)
+            else:
+                out.gaps.append(now - last)
+            last = now
+            out.tokens += 1
+
+
+async def paced_round(url: str, model: str, args: argparse.Namespace) -> Round:
+    body = {"model": model, "prompt": "go", "options": {"num_predict": args.tokens}}
+    out = Round()
+    limits = httpx.Limits(max_connections=args.streams * 2)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        async with trio.open_nursery() as nursery:
+            for _ in range(args.streams):
+                nursery.start_soon(stream, client, url, body, out)
+    return out
+
+
+def cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def loads(hosts: list[str]) -> float:
+    """Successful model loads so far, over every host."""
+    total = 0.0
+    for url in hosts:
+        for line in httpx.get(f"{url}/metrics").text.splitlines():
+            if line.startswith("ollamatrio_loads_total{") and 'result="ok"' in line:
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def mixed(targets: list[str], sequence: list[str], clients: int) -> float:
+    """Send ``sequence`` (model names) from ``clients`` concurrent clients, each request to
+    the next of ``targets`` in turn; the wall time."""
+    turn = itertools.cycle(targets)
+    work = iter(sequence)
+    begin = time.perf_counter()
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        for model in work:
+            body = {"model": model, "prompt": "hi", "stream": False, "options": {"num_predict": 4}}
+            answer = await client.post(f"{next(turn)}/api/generate", json=body)
+            answer.raise_for_status()
+
+    async with httpx.AsyncClient(timeout=120) as client, trio.open_nursery() as nursery:
+        for _ in range(clients):
+            nursery.start_soon(client_loop, client)
+    return time.perf_counter() - begin
+
+
+def unload_all(hosts: list[str], models: list[str]) -> None:
+    for url in hosts:
+        for model in models:
+            httpx.post(f"{url}/api/generate", json={"model": model, "keep_alive": 0}, timeout=30)
+
+
+async def floor_relay(src: socket.socket, dst: socket.socket, count: int) -> None:
+    for _ in range(count):
+        await trio.lowlevel.wait_readable(src)
+        os.write(dst.fileno(), os.read(src.fileno(), 65536))
+
+
+def floor(streams: int, rate: float, tokens: int) -> float:
+    """CPU seconds per token of the barest Trio relay (the Trio thread's own time): a thread
+    writes each stream's tokens at ``rate`` a second, the streams in turn, never two at
+    once, and drains what was relayed."""
+    pairs = [(socket.socketpair(), socket.socketpair()) for _ in range(streams)]
+    line = b'{"model":"m0","response":" fox","done":false}\n'
+
+    def feed() -> None:
+        for _ in range(tokens):
+            for (writer, _), (_, reader) in pairs:
+                writer.send(line)
+                time.sleep(1 / rate / streams)
+                with contextlib.suppress(BlockingIOError):
+                    reader.recv(65536, socket.MSG_DONTWAIT)
+
+    async def relay_all() -> None:
+        async with trio.open_nursery() as nursery:
+            for (_, src), (dst, _) in pairs:
+                nursery.start_soon(floor_relay, src, dst, tokens)
+
+    feeder = threading.Thread(target=feed)
+    start = time.thread_time()
+    feeder.start()
+    trio.run(relay_all)
+    spent = time.thread_time() - start
+    feeder.join()
+    for pair in pairs:
+        for sock in (*pair[0], *pair[1]):
+            sock.close()
+    return spent / (streams * tokens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=50.0, help="tokens a second per stream")
+    parser.add_argument("--tokens", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--models", type=int, default=4)
+    parser.add_argument("--max-loaded", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--clients", type=int, default=4)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
+    store = ModelStore(work / "models")
+    names = [f"m{i}" for i in range(args.models)]
+    for seed, name in enumerate(names):
+        gguf = write_tiny_gguf(work / f"{name}.gguf", seed=seed)
+        for _ in import_gguf(store, name, gguf):
+            pass
+    env = {
+        **os.environ, "OLLAMA_MODELS": str(work / "models"), "OLLAMA_HOST": "127.0.0.1:0",
+        "OLLAMATRIO_ENGINE": "simulated", "OLLAMATRIO_SIMULATED_GPUS": SYSTEM,
+        "OLLAMATRIO_SIMULATED_ENGINE": json.dumps(
+            {"default": {"load_seconds": 0.05, "tokens_per_second": args.rate}}
+        ),
+        "OLLAMA_NUM_PARALLEL": str(args.streams), "OLLAMA_MAX_LOADED_MODELS": str(args.max_loaded),
+    }  # fmt: skip
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        hosts = []
+        for _ in range(2):
+            proc, url = start(["serve"], env, r"Listening on (http://\S+)", stdout=False)
+            procs.append(proc)
+            hosts.append(url)
+        gw_env = {**env, "OLLAMA_HOST": f"127.0.0.1:{free_port()}"}
+        proc, gateway = start(["fleet", "gateway", *hosts], gw_env, r"ready: (http://\S+)", True)
+        procs.append(proc)
+        gw_proc = psutil.Process(proc.pid)
+        # Both hosts up behind the gateway before anything is measured.
+        while "ollamatrio_fleet_hosts_up 2.0" not in httpx.get(f"{gateway}/metrics").text:
+            time.sleep(0.1)
+
+        # Paced streams: load m0 through the gateway, then find the host that holds it.
+        httpx.post(f"{gateway}/api/generate", json={"model": "m0"}, timeout=60)
+        holder = next(r["replica"] for r in httpx.get(f"{gateway}/api/ps").json()["models"])
+        host_proc = psutil.Process(procs[hosts.index(holder)].pid)
+        results: dict[str, list[Round]] = {"direct": [], "gateway": []}
+        for _ in range(args.rounds):
+            for path, url in (("direct", holder), ("gateway", gateway)):
+                before, host_before = cpu(gw_proc), cpu(host_proc)
+                one = trio.run(paced_round, url, "m0", args)
+                one.gateway_cpu = cpu(gw_proc) - before
+                one.host_cpu = cpu(host_proc) - host_before
+                results[path].append(one)
+        print(f"paced streams: {args.streams} x {args.tokens} tokens at {args.rate:g} tok/s, "
+              f"{args.rounds} rounds each (medians over rounds)")  # fmt: skip
+        print(f"{'path':<8} {'TTFT p50 ms':>11} {'gap p50 ms':>10} {'gap p99 ms':>10} "
+              f"{'gateway CPU us/token':>20} {'host CPU us/token':>17}")  # fmt: skip
+        ttft = {}
+        for path, rounds in results.items():
+            ttft[path] = statistics.median(pct(r.ttfts, 0.5) for r in rounds) * 1e3
+            p50 = statistics.median(pct(r.gaps, 0.5) for r in rounds) * 1e3
+            p99 = statistics.median(pct(r.gaps, 0.99) for r in rounds) * 1e3
+            per_token = statistics.median(r.gateway_cpu / r.tokens for r in rounds) * 1e6
+            host = statistics.median(r.host_cpu / r.tokens for r in rounds) * 1e6
+            shown = f"{per_token:.1f}" if path == "gateway" else "(idle)"
+            print(f"{path:<8} {ttft[path]:>11.2f} {p50:>10.2f} {p99:>10.2f} {shown:>20} "
+                  f"{host:>17.1f}")  # fmt: skip
+        print(f"gateway TTFT over direct: {ttft['gateway'] - ttft['direct']:+.2f} ms")
+        per_token = floor(args.streams, args.rate, min(args.tokens, 200)) * 1e6
+        print(f"floor (bare Trio relay, same pacing): {per_token:.1f} us CPU per token")
+
+        # Mixed models: the same seeded sequence, through the gateway and round-robin.
+        sequence = random.Random(23).choices(names, k=args.requests)
+        print(f"\nmixed models: {args.requests} requests over {args.models} models, "
+              f"{args.clients} clients, at most {args.max_loaded} loaded per host")  # fmt: skip
+        print(f"{'routing':<26} {'model loads':>11} {'wall s':>7} {'gateway CPU us/request':>22}")
+        for label, targets in (("gateway (this policy)", [gateway]), ("round-robin", hosts)):
+            unload_all(hosts, names)
+            before, cpu_before = loads(hosts), cpu(gw_proc)
+            wall = trio.run(mixed, targets, sequence, args.clients)
+            per_request = (cpu(gw_proc) - cpu_before) / args.requests * 1e6
+            shown = f"{per_request:.0f}" if targets == [gateway] else "-"
+            print(f"{label:<26} {loads(hosts) - before:>11.0f} {wall:>7.2f} {shown:>22}")
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
