@@ -230,9 +230,11 @@ async def test_api_ps_answers_while_a_model_loads(api_server) -> None:
             httpx.AsyncClient(base_url=srv.url, timeout=10) as client,
         ):
             body = {"model": "tiny", "prompt": "hi", "stream": False, "keep_alive": "1m"}
-            async with trio.open_nursery() as nursery:
+            async with trio.open_nursery() as nursery, srv.scheduler.events.subscribe() as events:
                 nursery.start_soon(functools.partial(client.post, "/api/generate", json=body))
-                await trio.sleep(0.3)
+                async for event in events:  # the load has begun (it takes a second)
+                    if event.kind == "loading":
+                        break
                 r = await client.get("/api/ps")
                 assert r.status_code == 200, r.text
                 (model,) = r.json()["models"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.client
 import json
 import os
 import random
@@ -212,6 +213,17 @@ class ServerProcess:
         return sorted(os.listdir(self.models / "blobs"))
 
 
+def _load_the_app(address: tuple[str, int]) -> None:
+    """One request the app answers (``/api/tags``): the server imports its app at the first
+    such request, and what callers measure is what they send, not that import."""
+    connection = http.client.HTTPConnection(*address, timeout=60)
+    try:
+        connection.request("GET", "/api/tags")
+        connection.getresponse().read()
+    finally:
+        connection.close()
+
+
 @contextlib.contextmanager
 def server_process(
     models: Path, env: Mapping[str, str] | None = None, *, disk_rate: float | None = None,
@@ -255,6 +267,7 @@ def server_process(
         drain = threading.Thread(target=_drain, args=(proc.stderr, log), daemon=True)
         drain.start()
         address = (match.group(1).decode(), int(match.group(2)))
+        _load_the_app(address)
         yield ServerProcess(proc, address, models, log)
     finally:
         proc.terminate()
