@@ -8,7 +8,8 @@ long system text, a dozen tool schemas, then a history that grows by one short u
 the model's answer each turn.  Conversations take turns round-robin (A1 B1 C1 D1 A2 ...), the
 worst case for a runner with fewer slots than conversations, and each turn >= 2 has a short
 title request (no tools, another system prompt) sent at the same moment on the same model, as
-both CLIs do.  After the last turn the model is unloaded (``keep_alive: 0``) and every
+both CLIs do (a lone conversation, the baseline, has them too: the comparison is the cost of
+the other conversations).  After the last turn the model is unloaded (``keep_alive: 0``) and every
 conversation sends one more turn: the prefix can only come back from a cache that outlives
 the runner.
 
@@ -263,7 +264,7 @@ async def run_config(
             for number in range(1, args.turns + 1):
                 for conv in conversations:
                     async with trio.open_nursery() as pair:
-                        if number >= 2 and not lone:
+                        if number >= 2:  # a lone conversation has its title requests too
                             pair.start_soon(title, clients[-1], conv, 8)
                         evaluated, reused, ttft = await conv.turn(number, args.tokens)
                     turns.append(Turn(config, conv.name, number, evaluated, reused, ttft))

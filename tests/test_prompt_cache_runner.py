@@ -85,6 +85,28 @@ async def test_conversations_alternating_on_one_slot_restore_from_the_cache(
             _, title = await ask(engine, title_request(a))
 
 
+async def test_sessions_sharing_a_prefix_on_one_slot_keep_their_own_history(
+    smollm2_path: Path,
+) -> None:
+    """Agents' sessions share their long system prompt and differ after it.  On one slot,
+    each turn reuses the conversation's whole previous prompt (its history), not only the
+    prefix the other session shares: llama.cpp's choice by prompt similarity would keep the
+    other's state and drop this one's history unsaved (runner/llama.py prompt_similarity)."""
+    a = Conversation("alpha", LINES)
+    b = Conversation("bravo", LINES, messages=[a.messages[0]])  # the same system prompt
+    async with ProcessEngineFactory().open(spec(smollm2_path, slots=1, cache_mib=256)) as engine:
+        previous = {"a": await turn(engine, a, 1), "b": await turn(engine, b, 1)}
+        assert previous["b"].prompt_cached_count > 1000  # B starts from A's system prompt
+        for n in (2, 3):
+            for name, conversation in (("a", a), ("b", b)):
+                final = await turn(engine, conversation, n)
+                assert final.prompt_cached_count >= previous[name].prompt_eval_count, (
+                    f"turn {n} of {name}: {final.prompt_cached_count} reused, its previous "
+                    f"prompt was {previous[name].prompt_eval_count}"
+                )
+                previous[name] = final
+
+
 async def test_without_the_cache_a_conversation_that_lost_its_slot_starts_over(
     smollm2_path: Path,
 ) -> None:
