@@ -36,6 +36,27 @@ RECEIVE_SIZE: Final = 65536
 _HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
 
 
+async def receive_some(stream: trio.SocketStream, *, drained: bool) -> bytes:
+    """The next bytes on ``stream`` (``b""`` at its end): one wait for data (the scheduler
+    trip per token) and one ``read``, the fewest system calls a streamed token can take.
+    ``drained``: the last read did not fill its buffer, so the socket is most likely empty
+    and the wait comes first instead of a read that would fail.
+
+    Raises:
+        OSError, trio.ClosedResourceError: the connection failed.
+    """
+    sock = stream.socket
+    if drained:
+        await trio.lowlevel.wait_readable(sock)
+    else:
+        await trio.lowlevel.checkpoint()
+    while True:
+        try:
+            return os.read(sock.fileno(), RECEIVE_SIZE)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+
+
 class RunnerConnectionError(Exception):
     """The runner's socket failed or closed mid-response (it may have died)."""
 
@@ -92,20 +113,9 @@ class _Connection:
         self._drained = False
 
     async def receive(self) -> bytes:
-        """The next bytes from the runner: one wait for data (the scheduler trip per token)
-        and one ``read``, the fewest system calls a streamed token can take."""
-        sock = self.stream.socket
+        """The next bytes from the runner (:func:`receive_some`)."""
         try:
-            if self._drained:
-                await trio.lowlevel.wait_readable(sock)
-            else:
-                await trio.lowlevel.checkpoint()
-            while True:
-                try:
-                    data = os.read(sock.fileno(), RECEIVE_SIZE)
-                    break
-                except BlockingIOError:
-                    await trio.lowlevel.wait_readable(sock)
+            data = await receive_some(self.stream, drained=self._drained)
         except (trio.ClosedResourceError, OSError) as exc:
             raise RunnerConnectionError(f"connection to the runner failed: {exc}") from exc
         if not data:

@@ -17,19 +17,17 @@ the close).
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
 import trio
 
-from ..engines.runner_http import ChunkedDecoder, RunnerConnectionError
+from ..engines.runner_http import RECEIVE_SIZE, ChunkedDecoder, RunnerConnectionError, receive_some
 
 MAX_HEAD: Final = 64 * 1024
 MAX_IDLE: Final = 32  # pooled connections per host
 IDLE_LIMIT: Final = 25.0  # seconds: a little under the host's keep-alive timeout (30 s)
-RECEIVE_SIZE: Final = 65536
 
 
 class HostConnectionError(Exception):
@@ -62,19 +60,9 @@ class Upstream:
         self._drained = False  # the last read did not fill the buffer: wait before reading
 
     async def receive(self) -> bytes:
-        """The next bytes from the host: one wait for data and one ``read``."""
-        sock = self.stream.socket
+        """The next bytes from the host (``b""`` at the connection's end)."""
         try:
-            if self._drained:
-                await trio.lowlevel.wait_readable(sock)
-            else:
-                await trio.lowlevel.checkpoint()
-            while True:
-                try:
-                    data = os.read(sock.fileno(), RECEIVE_SIZE)
-                    break
-                except BlockingIOError:
-                    await trio.lowlevel.wait_readable(sock)
+            data = await receive_some(self.stream, drained=self._drained)
         except (trio.ClosedResourceError, OSError) as exc:
             raise HostConnectionError(f"connection to the host failed: {exc}") from exc
         self._drained = len(data) < RECEIVE_SIZE
