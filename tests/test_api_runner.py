@@ -17,7 +17,7 @@ import psutil
 import pytest
 import trio
 
-from ollamatrio.engines.process import ProcessEngineFactory
+from ollamatrio.engines.process import ProcessEngine, ProcessEngineFactory
 from ollamatrio.store import import_gguf
 
 
@@ -128,23 +128,44 @@ async def test_disconnect_frees_the_llama_cpp_slot(api_server, smollm2_path: Pat
                     if seen == 5:
                         break
                 engine = runner_of(srv, "smol:latest")
-                # The precondition: llama.cpp reports the slot busy.  In full-suite runs its
-                # first /slots answer has come back idle mid-generation (cause not found), so
-                # it is asked again for up to 2 s; the assertion shows what it said.
-                slots: list[dict[str, object]] = []
-                with trio.move_on_after(2):
-                    while not any(slot["is_processing"] for slot in slots):
-                        slots = await engine.slots()
-                assert any(slot["is_processing"] for slot in slots), (line, slots)
+                # The precondition: the runner is generating.  llama.cpp's own decode counter
+                # says so (its /slots has answered "idle" mid-generation in full-suite runs).
+                with trio.fail_after(2):
+                    await decode_advances(engine)
             disconnected = trio.current_time()
             with trio.fail_after(0.5):
                 runner = srv.scheduler.runner(engine.spec.model_path)
                 await runner.wait_until(lambda: runner.refs == 0)
-            # llama.cpp notices the closed connection at its next token and frees the slot.
-            with trio.fail_after(2):  # polls another process
-                while any(slot["is_processing"] for slot in await engine.slots()):  # noqa: ASYNC110
-                    await trio.sleep(0.005)
-            assert trio.current_time() - disconnected < 0.1
+            # llama.cpp notices the closed connection at its next token and stops decoding.
+            with trio.fail_after(2):
+                await decode_stops(engine)
+            assert trio.current_time() - disconnected < 0.2
+
+
+async def decodes(engine: ProcessEngine) -> float:
+    for line in (await engine.metrics()).splitlines():
+        if line.startswith("llamacpp:n_decode_total "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("llamacpp:n_decode_total is not in the runner's metrics")
+
+
+async def decode_advances(engine: ProcessEngine) -> None:
+    """Return once the runner's decode count has grown (polls another process)."""
+    first = await decodes(engine)
+    while await decodes(engine) == first:  # noqa: ASYNC110
+        await trio.sleep(0.02)
+
+
+async def decode_stops(engine: ProcessEngine) -> None:
+    """Return once two reads of the decode count 20 ms apart agree (a token of SmolLM2
+    takes a few ms here, so a live generation moves it)."""
+    last = await decodes(engine)
+    while True:
+        await trio.sleep(0.02)
+        now = await decodes(engine)
+        if now == last:
+            return
+        last = now
 
 
 @pytest.mark.slow
