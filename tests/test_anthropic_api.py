@@ -178,6 +178,12 @@ async def test_claude_code_request_with_beta_query(api_server) -> None:
             assert kinds.count("content_block_delta") == 16
 
 
+def image_turn(data: str) -> list[dict[str, Any]]:
+    """One user turn holding one base64 PNG image block."""
+    source = {"type": "base64", "media_type": "image/png", "data": data}
+    return [{"role": "user", "content": [{"type": "image", "source": source}]}]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "kind"),
     [
@@ -186,48 +192,12 @@ async def test_claude_code_request_with_beta_query(api_server) -> None:
         ({"model": "tiny-embed", "max_tokens": 8, "messages": HI}, 400, "invalid_request_error"),
         # An image for a model without a projector; a broken image.
         (
-            {
-                "model": "tiny",
-                "max_tokens": 8,
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": [
-                            {
-                                "type": "image",
-                                "source": {
-                                    "type": "base64",
-                                    "media_type": "image/png",
-                                    "data": PNG,
-                                },
-                            }
-                        ],
-                    }
-                ],
-            },
+            {"model": "tiny", "max_tokens": 8, "messages": image_turn(PNG)},
             400,
             "invalid_request_error",
         ),
         (
-            {
-                "model": "tiny",
-                "max_tokens": 8,
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": [
-                            {
-                                "type": "image",
-                                "source": {
-                                    "type": "base64",
-                                    "media_type": "image/png",
-                                    "data": "%%%",
-                                },
-                            }
-                        ],
-                    }
-                ],
-            },
+            {"model": "tiny", "max_tokens": 8, "messages": image_turn("%%%")},
             400,
             "invalid_request_error",
         ),
