@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -27,8 +28,13 @@ from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
 from ollamatrio.engines.process import ProcessEngineFactory
 from ollamatrio.engines.simulated import SimulatedEngineFactory
+from ollamatrio.runner import folders as runner_folders
 from ollamatrio.runner.folders import PREFIX as RUNNER_FOLDER_PREFIX
-from ollamatrio.runner.folders import make_runner_folder, remove_stale_runner_folders
+from ollamatrio.runner.folders import (
+    make_runner_folder,
+    remove_stale_runner_folders,
+    runner_temp_dir,
+)
 from ollamatrio.runner.logs import LineTail, llama_error_text
 from ollamatrio.runner.options import GpuFacts, ModelFacts, RunnerConfig, is_oom, plan_load
 from ollamatrio.serve import serve
@@ -339,14 +345,50 @@ async def test_runner_dies_with_its_parent(tiny_gguf: TinyGGUF) -> None:
         await parent.stdout.aclose()
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary directory shallow enough for runner sockets, whatever pytest's own is
+    (pytest-xdist's ``popen-gwN`` level makes ``tmp_path`` too deep to bind in)."""
+    temp = Path(tempfile.mkdtemp(prefix="ot-", dir="/tmp"))
+    yield temp
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+async def test_a_deep_temporary_directory_puts_runner_folders_in_tmp(
+    tiny_gguf: TinyGGUF, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A socket path past ``sun_path``'s 107 bytes cannot be bound: the runner's folder then
+    goes to /tmp, and the runner loads, answers and removes it as usual."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    assert runner_temp_dir() == "/tmp"
+    with trio.fail_after(60):
+        async with ProcessEngineFactory().open(LoadSpec(str(tiny_gguf()), "tiny")) as engine:
+            folder = os.path.dirname(engine.ready["socket"])
+            assert os.path.dirname(folder) == "/tmp"
+            assert await engine.healthy()
+    assert not await trio.Path(folder).exists()
+    assert os.listdir(deep) == []
+
+
+def test_no_short_enough_temporary_directory_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = str(tmp_path / ("d" * 100))
+    monkeypatch.setattr(tempfile, "tempdir", deep)
+    monkeypatch.setattr(runner_folders, "_FALLBACK_TEMP", deep)
+    with pytest.raises(OSError, match="too deep for a runner's socket path"):
+        make_runner_folder()
+
+
 @pytest.mark.parametrize("state", ["idle", "busy"])
 async def test_runners_of_a_killed_parent_remove_their_folders(
-    tiny_gguf: TinyGGUF, tmp_path: Path, state: str
+    tiny_gguf: TinyGGUF, short_tmp: Path, state: str
 ) -> None:
     """SIGKILL the server: its runners exit (stdin EOF and the parent-death signal race
     each other) and every exit path removes the runner's folder (socket, load log)."""
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+    temp = short_tmp
     parent = await trio.lowlevel.open_process(
         [sys.executable, str(HELPERS / "orphan_runner.py"), str(tiny_gguf()), "3", state],
         stdout=subprocess.PIPE,
@@ -392,10 +434,9 @@ async def _start_orphans(model: Path, temp: Path, count: int = 1) -> tuple[trio.
 
 
 async def test_server_start_removes_only_stale_runner_folders(
-    tiny_gguf: TinyGGUF, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_gguf: TinyGGUF, tmp_path: Path, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+    temp = short_tmp
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     # A runner and its server killed together: stopped first, the runner runs no clean-up.
     parent, (orphan,) = await _start_orphans(tiny_gguf(), temp)

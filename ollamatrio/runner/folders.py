@@ -24,6 +24,28 @@ log = logging.getLogger(__name__)
 
 PREFIX = "ollamatrio-runner-"
 OWNER_LOCK = "owner.lock"
+SOCKET_NAME = "llama.sock"
+# A Unix socket's path must fit ``sockaddr_un.sun_path`` (108 bytes on Linux, NUL included).
+_SUN_PATH_MAX = 107
+_FOLDER_NAME_LEN = len(PREFIX) + 8  # mkdtemp's random part is 8 characters
+_FALLBACK_TEMP = "/tmp"
+
+
+def runner_temp_dir() -> str:
+    """Where runner folders go: the temporary directory, unless a socket inside it would be
+    too long to bind (a deep ``TMPDIR``, as pytest's or some sandboxes' are); then ``/tmp``.
+    llama.cpp reports an over-long socket path only as "couldn't bind"."""
+    for candidate in (tempfile.gettempdir(), _FALLBACK_TEMP):
+        if _socket_path_len(candidate) <= _SUN_PATH_MAX:
+            return candidate
+    raise OSError(
+        f"the temporary directory {tempfile.gettempdir()!r} is too deep for a runner's "
+        f"socket path ({_SUN_PATH_MAX} bytes at most); set TMPDIR to a shorter one"
+    )
+
+
+def _socket_path_len(temp_dir: str) -> int:
+    return len(os.fsencode(os.path.join(temp_dir, "x" * _FOLDER_NAME_LEN, SOCKET_NAME)))
 
 
 def make_runner_folder() -> tuple[str, int]:
@@ -32,7 +54,7 @@ def make_runner_folder() -> tuple[str, int]:
     The caller passes the descriptor to the runner (``pass_fds``) and closes its own copy
     after removing the folder.  The lock file appears under its final name only once it is
     locked, so a sweep never sees it unlocked while its owner lives."""
-    folder = tempfile.mkdtemp(prefix=PREFIX)  # mode 0700
+    folder = tempfile.mkdtemp(prefix=PREFIX, dir=runner_temp_dir())  # mode 0700
     staging = os.path.join(folder, ".owner.lock")
     fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
@@ -46,12 +68,12 @@ def make_runner_folder() -> tuple[str, int]:
 
 
 def remove_stale_runner_folders(temp_dir: str | None = None) -> int:
-    """Remove the runner folders in ``temp_dir`` (default: the temporary directory) that
+    """Remove the runner folders in ``temp_dir`` (default: :func:`runner_temp_dir`) that
     belong to this user and that no live process owns; returns how many (blocking).
 
     A folder without an owner lock (made by an older version) is left alone: nothing
     proves it stale."""
-    temp_dir = temp_dir or tempfile.gettempdir()
+    temp_dir = temp_dir or runner_temp_dir()
     uid = os.getuid()
     removed = 0
     try:

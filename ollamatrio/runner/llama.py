@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import xllamacpp as xlc
 
+from ollamatrio.runner.folders import SOCKET_NAME
 from ollamatrio.runner.options import LoadPlan, RunnerConfig
 
 _FLASH = {
@@ -16,7 +17,7 @@ _TENSOR_SPLIT_LEN = 128  # llama.cpp's fixed-size array
 
 def socket_path(config: RunnerConfig) -> str:
     # llama.cpp binds a Unix socket only for hostnames ending in ".sock".
-    return f"{config.socket_dir}/llama.sock"
+    return f"{config.socket_dir}/{SOCKET_NAME}"
 
 
 def prompt_similarity(n_parallel: int) -> float:
