@@ -1,6 +1,7 @@
 """A runner imports the engine in its main thread, and sees only the GPUs its load was given.
 
-CUDA builds of xllamacpp crash (SIGSEGV) when first imported off the main thread, and a CUDA
+CUDA builds of xllamacpp crash (SIGSEGV) when imported after numpy (and were reported to when
+first imported off the main thread), and a CUDA
 runner placed on the CPU would still create a CUDA context (~545 MB of VRAM nobody booked)
 unless every device is hidden from it.  These run everywhere: a fake ``xllamacpp`` package
 stands in for the engine where the test is about the import, and the environment a real
@@ -23,9 +24,10 @@ from ollamatrio.runner.visibility import HIDE_ALL, visible_devices_env
 from ollamatrio.types import LoadSpec
 
 FAKE_ENGINE = """\
-import os, threading
+import os, sys, threading
 with open(os.environ["FAKE_ENGINE_RECORD"], "a") as record:
-    record.write(f"main={threading.current_thread() is threading.main_thread()}\\n")
+    main = threading.current_thread() is threading.main_thread()
+    record.write(f"main={main} numpy={'numpy' in sys.modules}\\n")
 raise ImportError("fake engine: recorded the importing thread")
 """
 
@@ -39,20 +41,26 @@ def _fake_engine_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
     record = tmp_path / "record.txt"
     env = {
         **os.environ,
-        "PYTHONPATH": str(tmp_path / "fake"),  # after the package root, before site-packages
+        # After the package root, before the rest of the path (site-packages, or wherever
+        # the engine was installed: a GPU machine may put it on PYTHONPATH).
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(tmp_path / "fake"), os.environ.get("PYTHONPATH")) if p
+        ),
         "FAKE_ENGINE_RECORD": str(record),
     }
     return env, record
 
 
-async def test_engine_is_imported_in_the_main_thread(tmp_path: Path, tiny_gguf) -> None:
+async def test_engine_is_imported_in_the_main_thread_before_numpy(
+    tmp_path: Path, tiny_gguf
+) -> None:
     env, record = _fake_engine_env(tmp_path)
     factory = ProcessEngineFactory(env=env, kill_grace=2.0)
     spec = LoadSpec(model_path=str(tiny_gguf()), name="tiny")
     with trio.fail_after(60), pytest.raises(RunnerStartError) as caught:
         async with factory.open(spec):
             pytest.fail("a runner loaded without an engine")
-    assert record.read_text() == "main=True\n"
+    assert record.read_text() == "main=True numpy=False\n"
     # The import failure is the runner's one error event, not a bare exit.
     message = str(caught.value)
     assert message.startswith("llama runner failed to load model 'tiny': ")

@@ -270,8 +270,10 @@ async def serve(config: RunnerConfig) -> int:
 
 
 def _import_engine(visible: Mapping[str, str]) -> bool:
-    """Import xllamacpp now, in the main thread: CUDA builds crash (SIGSEGV) when first
-    imported in a worker thread, such as the one :func:`_load` runs in.  The GPUs this load
+    """Import xllamacpp now, in the main thread and before anything imports numpy: the CUDA
+    build crashed (SIGSEGV) on an H200 when imported after numpy (``gguf`` imports it), and
+    was reported to crash on an H100 when first imported in a worker thread, such as the one
+    :func:`_load` runs in (docs/gpu.md).  The GPUs this load
     may not use are hidden first (``visible``), since the runtimes read that when they
     initialise.  The rest of what a load imports comes along, so that a spare runner has it
     all done.  On failure, report the error event and return False."""
