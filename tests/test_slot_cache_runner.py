@@ -173,3 +173,30 @@ async def test_a_crashed_runner_saves_nothing(cache: SlotCache, tiny_spec: LoadS
             await trio.sleep_forever()  # the crash cancels this
     assert cache.usage() == (0, 0)
     assert list(cache.folder.iterdir()) == []
+
+
+async def test_a_cancelled_owner_still_saves_before_the_runner_stops(
+    cache: SlotCache, tiny_spec: LoadSpec
+) -> None:
+    """Evictions and shutdown unload by cancelling the engine's owner.  That cancellation
+    must not reach the runner before the save does: the runner is stopped only after it."""
+    factory = ProcessEngineFactory(slot_cache=cache, load_timeout=60)
+    with trio.fail_after(TIMEOUT):
+        with trio.CancelScope() as owner:
+            async with factory.open(tiny_spec) as engine:
+                await ask(engine, conversation(1))
+                pid = engine.pid
+                owner.cancel()
+                await trio.sleep_forever()
+        assert owner.cancelled_caught
+        assert cache.usage()[0] == 1
+        assert pid is not None
+        assert not await trio.to_thread.run_sync(_running, pid)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

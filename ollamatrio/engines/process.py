@@ -181,7 +181,8 @@ class ProcessEngineFactory:
                         engine._spare_used()
                         engine._closing = True
                         await engine._save_slots()
-                        nursery.cancel_scope.cancel()  # -> SIGTERM, grace, SIGKILL, reap
+                        engine._lifetime.cancel()  # -> SIGTERM, grace, SIGKILL, reap
+                        nursery.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 raise collapse(group) from None
 
@@ -210,6 +211,8 @@ class ProcessEngine(RunnerClient):
         self._watch = RunnerWatch(name=config.spec.name, socket_dir=config.socket_dir)
         self._load_stall = LoadStall(factory.load_timeout)
         self._closing = False
+        # The runner process's scope: shielded once it is ready, cancelled by ``open``.
+        self._lifetime = trio.CancelScope()
         self._progress = progress
         self._persistence: SlotPersistence | None = None  # with a prompt cache, once ready
         self.ready: dict[str, Any] = {}  # the runner's ready line
@@ -253,9 +256,10 @@ class ProcessEngine(RunnerClient):
         """Run the runner: spawn (or adopt the spare), wait until ready, then watch for an
         unrequested exit."""
         try:
-            await self._supervise_process(
-                runner_argv(self._factory.python), task_status=task_status
-            )
+            with self._lifetime:
+                await self._supervise_process(
+                    runner_argv(self._factory.python), task_status=task_status
+                )
         finally:
             await close_pipes(self._watch.process)
 
@@ -321,6 +325,9 @@ class ProcessEngine(RunnerClient):
                 if isinstance(marks, dict):
                     self._marks.update({str(k): float(v) for k, v in marks.items()})
                 self._marks["handshake"] = time.monotonic()
+                # Ready: from now on only the engine's owner stops the runner (``_stop``), so
+                # that a cancelled owner can still save its slots before the SIGTERM.
+                self._lifetime.shield = True
                 task_status.started()
                 await watch.exited.wait()
                 if not self._closing:
