@@ -66,6 +66,7 @@ from ollamatrio.engines.process import ProcessEngineFactory  # noqa: E402
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory  # noqa: E402
 from ollamatrio.gguf import read_gguf  # noqa: E402
 from ollamatrio.memory import MemoryOptions, estimate, gpu_context_reserve  # noqa: E402
+from ollamatrio.runner.visibility import visible_devices_env  # noqa: E402
 from ollamatrio.scheduler import ModelRequest, open_scheduler  # noqa: E402
 from ollamatrio.scheduler.placement import DeviceRoom, choose_placement  # noqa: E402
 from ollamatrio.serve import serve  # noqa: E402
@@ -384,8 +385,6 @@ async def speed_api(model: Path, workdir: Path, tokens: int, reps: int) -> dict[
 
 def speed_in_process_child(args: argparse.Namespace) -> None:
     """``--in-process``: load like a runner does, in this (main) thread, then time streams."""
-    from ollamatrio.runner.visibility import visible_devices_env
-
     gpu_ids = (args.gpu_id,) if args.gpu_id else ()
     spec = LoadSpec(
         model_path=str(args.in_process),
@@ -395,7 +394,6 @@ def speed_in_process_child(args: argparse.Namespace) -> None:
         num_gpu=999 if gpu_ids else 0,
         gpu_ids=gpu_ids,
     )
-    os.environ.update(visible_devices_env(spec))  # before the engine initialises
     import psutil
     import xllamacpp
 
@@ -443,9 +441,20 @@ def speed_in_process_child(args: argparse.Namespace) -> None:
 
 
 def speed_in_process(model: Path, gpu_id: str, tokens: int, reps: int) -> dict[int, list[dict]]:
-    argv = [sys.executable, __file__, "--in-process", str(model), "--gpu-id", gpu_id]
+    # The CUDA build of xllamacpp crashes (SIGSEGV) when it is imported after numpy (which
+    # this script imports through gguf): the child imports it first, as a runner does, with
+    # the devices already chosen in its environment.
+    bootstrap = (
+        "import os, sys, runpy, xllamacpp; sys.argv = sys.argv[1:]; "
+        "sys.path.insert(0, os.path.dirname(sys.argv[0])); "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    argv = [sys.executable, "-X", "faulthandler", "-c", bootstrap, __file__]
+    argv += ["--in-process", str(model), "--gpu-id", gpu_id]
     argv += ["--tokens", str(tokens), "--reps", str(reps)]
-    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
+    gpu_ids = (gpu_id,) if gpu_id else ()
+    devices = visible_devices_env(LoadSpec(str(model), "speed", num_gpu=999, gpu_ids=gpu_ids))
+    env = {**os.environ, **devices, "GGML_NO_BACKTRACE": "1"}
     out = subprocess.run(argv, check=True, stdout=subprocess.PIPE, env=env).stdout
     results = json.loads(out.decode().splitlines()[-1])["results"]
     return {int(streams): rows for streams, rows in results.items()}
@@ -461,7 +470,13 @@ def speed_table(api: dict[int, list[dict]], inproc: dict[int, list[dict]]) -> st
         "|---|---|---|---|---|",
     ]
     for n in STREAMS:
-        a, i = api[n], inproc[n]
+        a, i = api[n], inproc.get(n)
+        if i is None:  # the in-process child failed: the API path alone
+            lines.append(
+                f"| {n} | {med(a, 'ttft') * 1e3:.1f} / — | {med(a, 'decode_tps'):.0f} / — "
+                f"| {med(a, 'aggregate_tps'):.0f} / — | — |"
+            )
+            continue
         lines.append(
             f"| {n} | {med(a, 'ttft') * 1e3:.1f} / {med(i, 'ttft') * 1e3:.1f} "
             f"| {med(a, 'decode_tps'):.0f} / {med(i, 'decode_tps'):.0f} "
@@ -552,10 +567,15 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
                 print("writing the random-weight 1B F16 model ...", file=sys.stderr)
                 write_tiny_gguf(model, name="speed-1B", seed=1, **MODELS["1B F16"], **COMMON)
         api = await speed_api(model, workdir, args.tokens, args.reps)
+        print(f"  API path: {json.dumps(api)}", file=sys.stderr)
         gpu_id = target.gpu_id if target.real else ""
-        inproc = await trio.to_thread.run_sync(
-            speed_in_process, model, gpu_id, args.tokens, args.reps
-        )
+        try:
+            inproc = await trio.to_thread.run_sync(
+                speed_in_process, model, gpu_id, args.tokens, args.reps
+            )
+        except subprocess.CalledProcessError as exc:  # keep the API numbers
+            print(f"  in-process path failed: {exc}", file=sys.stderr)
+            inproc = {}
         text = (
             f"`{model.name}`, {args.tokens} tokens per stream (greedy, EOS ignored), "
             f"{max(STREAMS)} slots of {SPEED_CTX} tokens on both paths; medians of "

@@ -14,7 +14,10 @@ prompt cache in a temporary folder:
 Greedy sampling, 1 token generated, so time to the last chunk is time to the first token.
 
     .venv/bin/python scripts/bench_slot_restore.py [--model PATH] [--tokens 1000,2500,8000]
-        [--threads 2] [--gpu-layers 0] [--num-ctx 8192]
+        [--threads 2] [--gpu-layers 0] [--gpu] [--num-ctx 8192]
+
+``--gpu`` places the runners on the first GPU NVML lists (all layers unless
+``--gpu-layers`` says how many): slot states are then copied out of and into VRAM.
 
 Columns: prompt tokens; state MiB; save s; restore call s; TTFT restored s (tokens
 evaluated); TTFT re-evaluated s (tokens evaluated); speed-up.
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import trio
 
+from ollamatrio.devices import NvmlDevices
 from ollamatrio.engines.process import ProcessEngine, ProcessEngineFactory
 from ollamatrio.slot_cache import SlotCache
 from ollamatrio.types import CompletionRequest, LoadSpec, Message
@@ -82,6 +86,7 @@ async def measure(args: argparse.Namespace, tokens: int) -> dict[str, float]:
             num_batch=512,
             num_thread=args.threads,
             num_gpu=args.gpu_layers,
+            gpu_ids=args.gpu_ids,
         )
         cached = ProcessEngineFactory(slot_cache=cache, load_timeout=600)
         async with cached.open(spec) as engine:
@@ -112,6 +117,14 @@ async def measure(args: argparse.Namespace, tokens: int) -> dict[str, float]:
 
 
 async def main(args: argparse.Namespace) -> None:
+    args.gpu_ids = ()
+    if args.gpu:
+        gpus = (await NvmlDevices().inventory()).gpus
+        if not gpus:
+            raise SystemExit("bench_slot_restore: --gpu, but NVML lists no NVIDIA GPU")
+        args.gpu_ids = (gpus[0].id,)
+        args.gpu_layers = args.gpu_layers or 999
+        print(f"GPU: {gpus[0].name} ({gpus[0].id}), {args.gpu_layers} layers\n")
     print(
         "| prompt tokens | state MiB | unload incl. save s | restore call s "
         "| TTFT restored s (evaluated) | TTFT re-evaluated s (evaluated) | speed-up |"
@@ -139,5 +152,6 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--num-ctx", type=int, default=8192)
     parser.add_argument("--gpu-layers", type=int, default=0)
+    parser.add_argument("--gpu", action="store_true", help="runners on the first NVIDIA GPU")
     parser.add_argument("--json", action="store_true")
     trio.run(main, parser.parse_args())
