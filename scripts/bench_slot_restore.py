@@ -72,7 +72,9 @@ async def ask(engine: ProcessEngine, messages: list[Message]) -> tuple[float, in
     started = time.perf_counter()
     async with engine.complete(request) as stream:
         chunks = [chunk async for chunk in stream]
-    return time.perf_counter() - started, chunks[-1].prompt_eval_count
+    # prompt_eval_count is the whole prompt (Ollama's meaning); the cached part was not evaluated.
+    final = chunks[-1]
+    return time.perf_counter() - started, final.prompt_eval_count - final.prompt_cached_count
 
 
 async def measure(args: argparse.Namespace, tokens: int) -> dict[str, float]:
@@ -104,7 +106,7 @@ async def measure(args: argparse.Namespace, tokens: int) -> dict[str, float]:
         async with ProcessEngineFactory(load_timeout=600).open(spec) as engine:
             full_ttft, full_n = await ask(engine, longer)
     return {
-        "tokens": full_n,
+        "tokens": full_n,  # the whole prompt: nothing was cached on the runner without one
         "state_mib": size / (1 << 20),
         "save_s": save_seconds,
         "restore_call_s": restore_call,
