@@ -508,6 +508,29 @@ async def test_keep_alive_and_options_as_extra_body_fields(api_server) -> None:
     assert engines.requests[0].options["top_k"] == 3
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_empty_prompt_with_keep_alive_0_unloads(api_server, stream: bool) -> None:
+    """As Ollama's ``/api/generate`` unload, answered in the dialect: no text, and Ollama's
+    ``done_reason`` as the finish reason (its middleware passes it on)."""
+    with trio.fail_after(20):
+        async with api_server() as srv, sdk(srv.url) as c:
+            await c.completions.create(model="tiny", prompt="hi", max_tokens=2)
+            assert len(srv.scheduler.ps()) == 1
+            unload = {"keep_alive": 0}
+            if stream:
+                events = await c.completions.create(
+                    model="tiny", prompt="", stream=True, extra_body=unload
+                )
+                (answer,) = [event async for event in events]
+            else:
+                answer = await c.completions.create(model="tiny", prompt="", extra_body=unload)
+            assert answer.object == "text_completion"
+            assert answer.choices[0].text == ""
+            assert answer.choices[0].finish_reason == "unload"
+            await srv.scheduler.wait_idle()
+            assert srv.scheduler.ps() == []
+
+
 async def test_tool_calls(api_server, tiny_gguf) -> None:
     model, engines = tiny_gguf(chat_template=TOOLS_TEMPLATE), ScriptedEngines()
     with trio.fail_after(20):

@@ -507,6 +507,13 @@ def text_completion(model: str, answer: Answer) -> dict[str, Any]:
     }
 
 
+def unloaded_completion(model: str) -> dict[str, Any]:
+    """The answer to an empty prompt with ``keep_alive: 0`` (an unload): Ollama's
+    ``done_reason`` as the finish reason, as its middleware passes it on, and no text."""
+    answer = Answer("", "", (), (), "unload", "", (), Timings(0, 0, 0, 0, 0, 0))
+    return text_completion(model, answer)
+
+
 def sse_event(obj: Any) -> bytes:
     return b"data: " + json_bytes(obj) + b"\n\n"
 

@@ -39,7 +39,7 @@ from ..http.asgi import ANSWERED, ASGIApp
 from ..http.cors import OriginPolicy, cors_answer
 from ..http.drain import Drain
 from ..observability.metrics import CLIENT_CLOSED
-from ..wire import JSON, ndjson_line
+from ..wire import JSON, SSE, SSE_DONE, ndjson_line
 from . import (
     anthropic_wire,
     blob_upload,
@@ -82,6 +82,13 @@ class Plan:
     # Awaited with the folded answer once the generation is over, before the last bytes
     # are written (/v1/responses stores its response there).
     finish: Callable[[Answer], Awaitable[None]] | None = None
+
+
+def _v1_answer(obj: dict[str, Any], stream: bool) -> Response:
+    """A ``/v1`` object answered at once: JSON, or one event and ``[DONE]`` to a stream."""
+    if stream:
+        return Response(openai_wire.sse_event(obj) + SSE_DONE, content_type=SSE)
+    return v1_json_response(obj)
 
 
 class LastWords(Protocol):
@@ -151,15 +158,18 @@ class GenerationRoutes:
         self, req: GenerateRequest | ChatRequest, started: float, *, native: bool,
         encoder: Encoder, render: Callable[[Answer], dict[str, Any]],
         load_line: LoadLine | None = None,
+        unloaded: Callable[[], Response] | None = None,
     ) -> Plan:  # fmt: skip
         """The dialect-neutral checks (model, capabilities, options), then the generation to
         run, streamed with the dialect's ``encoder`` or folded and rendered with its
         ``render``; a stream that must wait for a load first writes ``load_line`` lines, if
         its dialect has them.  Native routes also answer unload (B23) and load-only (B24)
-        requests at once."""
+        requests at once; ``unloaded`` answers an unload in a dialect whose requests can ask
+        for one (an empty ``/v1/completions`` prompt with ``keep_alive: 0``)."""
         prepared = await pipeline.prepare(self.ctx, req)
         if prepared is None:
-            assert native, "only an unload request answers at once; /v1 cannot send one"
+            if unloaded is not None:
+                return Plan(response=unloaded())
             return Plan(response=json_response(native_wire.done_object(req, "unload")))
         model_request = prepared.model_request
         empty = not req.messages if isinstance(req, ChatRequest) else not (req.prompt or req.images)
@@ -205,6 +215,7 @@ class GenerationRoutes:
             call.core, started, native=False,
             encoder=CompletionEvents(model, call.include_usage),
             render=lambda answer: openai_wire.text_completion(model, answer),
+            unloaded=lambda: _v1_answer(openai_wire.unloaded_completion(model), call.core.stream),
         )  # fmt: skip
 
     async def _chat_completions(self, body: dict[str, Any], started: float) -> Plan:
