@@ -29,6 +29,7 @@ from ollamatrio.http.budget import (
     default_cap,
     raise_open_file_limit,
 )
+from ollamatrio.runner.file_limit import CHILD_LIMIT_ENV
 from ollamatrio.serve import connection_cap
 from ollamatrio.store import ModelStore
 
@@ -66,6 +67,7 @@ class FakeLimits:
 def limits(monkeypatch: pytest.MonkeyPatch) -> Any:
     def install(soft: int, hard: int, **kwargs: Any) -> FakeLimits:
         fake = FakeLimits(soft, hard, **kwargs)
+        monkeypatch.delenv(CHILD_LIMIT_ENV, raising=False)  # what a raise records, undone
         monkeypatch.setattr(resource, "getrlimit", fake.getrlimit)
         monkeypatch.setattr(resource, "setrlimit", fake.setrlimit)
         return fake
@@ -80,6 +82,7 @@ def test_the_soft_limit_is_raised_to_the_hard_one(limits: Any, caplog: Any) -> N
     assert (got.before, got.soft, got.hard) == (1024, 524288, 524288)
     assert fake.set == [(524288, 524288)]
     assert "open file limit raised from 1024 to 524288 (hard limit 524288)" in caplog.text
+    assert os.environ[CHILD_LIMIT_ENV] == "1024"  # runners get the limit the server had
 
 
 def test_an_unlimited_hard_limit_raises_to_the_systems_ceiling(
@@ -100,6 +103,7 @@ def test_a_soft_limit_at_the_hard_one_stays(limits: Any, caplog: Any) -> None:
     assert (got.before, got.soft) == (256, 256)
     assert fake.set == []
     assert "open file limit 256 (hard limit 256)" in caplog.text
+    assert CHILD_LIMIT_ENV not in os.environ
 
 
 def test_a_refused_raise_keeps_the_limit_and_warns(limits: Any, caplog: Any) -> None:

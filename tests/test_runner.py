@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import stat
@@ -29,6 +30,7 @@ from ollamatrio.devices import SimulatedDevices
 from ollamatrio.engines.process import ProcessEngineFactory
 from ollamatrio.engines.simulated import SimulatedEngineFactory
 from ollamatrio.runner import folders as runner_folders
+from ollamatrio.runner.file_limit import CHILD_LIMIT_ENV
 from ollamatrio.runner.folders import PREFIX as RUNNER_FOLDER_PREFIX
 from ollamatrio.runner.folders import (
     make_runner_folder,
@@ -370,6 +372,22 @@ async def test_a_deep_temporary_directory_puts_runner_folders_in_tmp(
             assert await engine.healthy()
     assert not await trio.Path(folder).exists()
     assert os.listdir(deep) == []
+
+
+async def test_a_runner_gets_the_open_file_limit_the_server_started_with(
+    tiny_gguf: TinyGGUF,
+) -> None:
+    """The server raises its own soft limit for client connections and records the one it
+    had; the runner lowers its own to that one before anything else."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = min(soft, 1024) - 24  # below whatever the test process runs under
+    factory = ProcessEngineFactory(env={**os.environ, CHILD_LIMIT_ENV: str(wanted)})
+    with trio.fail_after(60):
+        async with factory.open(LoadSpec(str(tiny_gguf()), "tiny")) as engine:
+            assert engine.pid is not None
+            runner = psutil.Process(engine.pid)
+            assert runner.rlimit(psutil.RLIMIT_NOFILE)[0] == wanted
+            assert await engine.healthy()
 
 
 def test_no_short_enough_temporary_directory_is_a_clear_error(

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import trio
 
+from ..runner.file_limit import remember_for_children
 from .http1 import content_length, response_head
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def raise_open_file_limit() -> FileLimit:
         )  # fmt: skip
         return FileLimit(soft, soft, hard)
     log.info("open file limit raised from %d to %d (hard limit %s)", soft, target, _text(hard))
+    remember_for_children(soft)  # runners run under the limit the server started with
     return FileLimit(soft, target, hard)
 
 

@@ -35,6 +35,7 @@ from typing import Any, NoReturn
 import psutil
 import trio
 
+from ollamatrio.runner.file_limit import restore_inherited_limit
 from ollamatrio.runner.options import (
     POOLING_TYPES,
     GpuFacts,
@@ -296,6 +297,7 @@ def _import_engine(visible: Mapping[str, str]) -> bool:
 
 def main() -> None:
     global _protocol_fd, _socket_dir
+    restore_inherited_limit()
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb attach on abort()
     # Anything else written to stdout (llama.cpp prints plain log lines there) goes to
     # stderr, which the client drains; an unread stdout pipe would fill and block a writer.
