@@ -37,6 +37,9 @@ class Case:
     values: Values | None = None
     # Compare /api/ps and /api/tags after this step.
     state: bool = False
+    # This step unloads this model: Ollama answers before its runner has exited (B23) and
+    # lists it until then, so the state is compared once the reference no longer does.
+    unloads: str = ""
 
 
 def _final(parsed: Any) -> Any:
@@ -492,6 +495,7 @@ CORPUS: list[Case] = [
         {"model": "smol2", "keep_alive": 0},
         values=done_reason,
         state=True,
+        unloads="smol2:latest",
     ),
     Case(
         "chat unload",
@@ -500,6 +504,7 @@ CORPUS: list[Case] = [
         {"model": MODEL, "messages": [], "keep_alive": 0},
         values=done_reason,
         state=True,
+        unloads=f"{MODEL}:latest",
     ),
     Case("delete created", "DELETE", "/api/delete", {"model": "smol3"}, state=True),
 ]

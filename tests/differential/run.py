@@ -58,6 +58,18 @@ def _state_cases(after: str) -> list[Case]:
     ]
 
 
+def wait_unloaded(client: httpx.Client, base: str, model: str, seconds: float = 30.0) -> None:
+    """Until ``model`` is off the reference's ``/api/ps``.  Polled: the reference is another
+    process, with nothing to wait on but its answers."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        listed = client.get(base + "/api/ps").json().get("models") or []
+        if model not in {m.get("name") for m in listed}:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the reference still lists {model} {seconds:.0f} s after unloading it")
+
+
 def run_corpus(ours: str, theirs: str) -> list[Compared]:
     """Each step to the reference first, then to ours; state checks after marked steps."""
     out: list[Compared] = []
@@ -70,4 +82,6 @@ def run_corpus(ours: str, theirs: str) -> list[Compared]:
                 ours_reduced = send(client, ours, step)
                 seconds = (time.monotonic() - middle, middle - started)
                 out.append(Compared(step.name, ours_reduced, theirs_reduced, seconds))
+                if step.unloads:
+                    wait_unloaded(client, theirs, step.unloads)
     return out
