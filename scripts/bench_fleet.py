@@ -24,11 +24,19 @@ the gateway process alone) can be divided by the tokens it relayed.
   stream's tokens at their own moments: the CPU per token no relay on Trio goes below on
   this machine, to read the gateway's against.
 
-Serve's own proxy and handle path is not run here (it needs a Ray cluster); issue 23
-measured it at 1.0-1.7 ms of Ray CPU per streamed token with a prototype.
+* **Serve's own proxy** (``--serve-proxy``, for the record): the same paced streams through
+  Ray Serve's HTTP proxy to a Serve ingress deployment that forwards each request to the
+  host holding the model (httpx, the answer streamed back as it comes), as a fleet built on
+  Serve's data path would carry them.  Ray CPU per token is the CPU of Serve's proxy and
+  ingress replica processes (``ray::ProxyActor``, ``ray::ServeReplica:*``) over the tokens.
+  The whole benchmark then runs in a private network and PID namespace (``unshare -rn
+  --pid``, as tests/test_fleet_ray.py: only ``lo``, so Ray keeps 127.0.0.1, and every
+  process ends with it) on a one-node Ray cluster it starts and stops by PID (never ``ray
+  stop``).  Needs the ``fleet`` extra; adds about 30 s of set-up.
 
     .venv/bin/python scripts/bench_fleet.py [--streams 8] [--rate 50] [--tokens 400]
         [--rounds 3] [--models 4] [--max-loaded 3] [--requests 48] [--clients 4]
+        [--serve-proxy]
 """
 
 from __future__ import annotations
@@ -48,8 +56,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -59,6 +69,9 @@ from ollamatrio.store import ModelStore, import_gguf
 from ollamatrio.testing import write_tiny_gguf
 
 SYSTEM = json.dumps({"gpus": [], "system": {"total": 64 << 30, "cpu_count": 2}})
+IN_NAMESPACE = "BENCH_FLEET_IN_NAMESPACE"  # set once the bench runs in its own namespace
+UNSHARE = ["unshare", "-rn", "--pid", "--fork", "--mount-proc"]
+SERVE_PROCESSES = ("ray::ProxyActor", "ray::ServeReplica")
 
 
 @dataclass
@@ -66,7 +79,7 @@ class Round:
     ttfts: list[float] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
     tokens: int = 0
-    gateway_cpu: float = 0.0
+    relay_cpu: float = 0.0  # the gateway process, or Serve's proxy and ingress replica
     host_cpu: float = 0.0  # the host that serves the streams
 
 
@@ -160,6 +173,96 @@ async def mixed(targets: list[str], sequence: list[str], clients: int) -> float:
     return time.perf_counter() - begin
 
 
+def ingress_app(host: str) -> Any:
+    """A Serve ingress deployment that forwards every request to ``host`` and streams its
+    answer back: Serve's own data path (proxy, then this replica), as issue 23's prototype."""
+    from ray import serve
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+
+    @serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
+    class Ingress:
+        def __init__(self, host: str) -> None:
+            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+            self.client = httpx.AsyncClient(base_url=host, timeout=None, limits=limits)
+
+        async def __call__(self, request: Request) -> StreamingResponse:
+            upstream = self.client.build_request(
+                request.method, request.url.path, content=await request.body(),
+                headers={"content-type": request.headers.get("content-type", "")},
+            )  # fmt: skip
+            answer = await self.client.send(upstream, stream=True)
+
+            async def body() -> Any:
+                try:
+                    async for piece in answer.aiter_raw():
+                        yield piece
+                finally:
+                    await answer.aclose()
+
+            return StreamingResponse(
+                body(), status_code=answer.status_code,
+                media_type=answer.headers.get("content-type"),
+            )  # fmt: skip
+
+    return Ingress.bind(host)
+
+
+@contextlib.contextmanager
+def serve_proxy(host: str, env: dict[str, str]) -> Iterator[tuple[str, Callable[[], float]]]:
+    """A one-node Ray cluster (in this namespace) with Serve's proxy in front of an ingress
+    for ``host``: its URL, and a function giving the CPU seconds of Serve's processes."""
+    import ray
+    from ray import serve
+
+    temp = tempfile.mkdtemp(prefix="obf-", dir="/tmp")  # Ray's socket paths must be short
+    ray_env = {**env, "RAY_USAGE_STATS_ENABLED": "0", "RAY_memory_monitor_refresh_ms": "0"}
+    node = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--port=6379",
+         "--node-ip-address=127.0.0.1", "--num-cpus=2", "--object-store-memory=80000000",
+         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}", "--block"],
+        env=ray_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        assert node.stdout is not None
+        for line in node.stdout:
+            if "Ray runtime started" in line:
+                threading.Thread(target=node.stdout.read, daemon=True).start()  # drain
+                break
+        else:
+            raise RuntimeError(f"ray start exited with {node.wait()}")
+        ray.init(address="127.0.0.1:6379", logging_level="ERROR", log_to_driver=False)
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(ingress_app(host), name="bench-proxy", route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        while True:  # the proxy answers once the route is known
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/api/version", timeout=5).status_code == 200:
+                    break
+            time.sleep(0.2)
+        serving = [
+            proc for proc in psutil.process_iter(["cmdline"])
+            if (proc.info["cmdline"] or [""])[0].startswith(SERVE_PROCESSES)
+        ]  # fmt: skip
+
+        def serve_cpu() -> float:
+            return sum(cpu(proc) for proc in serving)
+
+        yield url, serve_cpu
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+        node.terminate()  # by PID: ``ray start --block`` stops its node on SIGTERM
+        try:
+            node.wait(30)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
 def unload_all(hosts: list[str], models: list[str]) -> None:
     for url in hosts:
         for model in models:
@@ -204,6 +307,23 @@ def floor(streams: int, rate: float, tokens: int) -> float:
     return spent / (streams * tokens)
 
 
+def paced(
+    paths: dict[str, tuple[str, Callable[[], float]]], host: psutil.Process,
+    args: argparse.Namespace,
+) -> dict[str, list[Round]]:  # fmt: skip
+    """``args.rounds`` rounds of paced streams on each path (a URL and its relay's CPU
+    seconds so far), the paths alternating within each round."""
+    results: dict[str, list[Round]] = {path: [] for path in paths}
+    for _ in range(args.rounds):
+        for path, (url, relay_cpu) in paths.items():
+            before, host_before = relay_cpu(), cpu(host)
+            one = trio.run(paced_round, url, "m0", args)
+            one.relay_cpu = relay_cpu() - before
+            one.host_cpu = cpu(host) - host_before
+            results[path].append(one)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, default=8)
@@ -214,7 +334,16 @@ def main() -> None:
     parser.add_argument("--max-loaded", type=int, default=3)
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--serve-proxy", action="store_true",
+                        help="also through Ray Serve's proxy (needs the fleet extra)")  # fmt: skip
     args = parser.parse_args()
+    if args.serve_proxy and not os.environ.get(IN_NAMESPACE):
+        # Again in a private network and PID namespace: Ray keeps 127.0.0.1 there, and
+        # every process it starts ends with the namespace.
+        env = {**os.environ, IN_NAMESPACE: "1"}
+        sys.exit(subprocess.run([*UNSHARE, sys.executable, *sys.argv], env=env).returncode)
+    if os.environ.get(IN_NAMESPACE):
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     store = ModelStore(work / "models")
@@ -250,29 +379,29 @@ def main() -> None:
         httpx.post(f"{gateway}/api/generate", json={"model": "m0"}, timeout=60)
         holder = next(r["replica"] for r in httpx.get(f"{gateway}/api/ps").json()["models"])
         host_proc = psutil.Process(procs[hosts.index(holder)].pid)
-        results: dict[str, list[Round]] = {"direct": [], "gateway": []}
-        for _ in range(args.rounds):
-            for path, url in (("direct", holder), ("gateway", gateway)):
-                before, host_before = cpu(gw_proc), cpu(host_proc)
-                one = trio.run(paced_round, url, "m0", args)
-                one.gateway_cpu = cpu(gw_proc) - before
-                one.host_cpu = cpu(host_proc) - host_before
-                results[path].append(one)
+        with contextlib.ExitStack() as stack:
+            paths: dict[str, tuple[str, Callable[[], float]]] = {
+                "direct": (holder, lambda: 0.0), "gateway": (gateway, lambda: cpu(gw_proc)),
+            }  # fmt: skip
+            if args.serve_proxy:
+                paths["serve"] = stack.enter_context(serve_proxy(holder, env))
+            results = paced(paths, host_proc, args)
         print(f"paced streams: {args.streams} x {args.tokens} tokens at {args.rate:g} tok/s, "
               f"{args.rounds} rounds each (medians over rounds)")  # fmt: skip
         print(f"{'path':<8} {'TTFT p50 ms':>11} {'gap p50 ms':>10} {'gap p99 ms':>10} "
-              f"{'gateway CPU us/token':>20} {'host CPU us/token':>17}")  # fmt: skip
+              f"{'relay CPU us/token':>18} {'host CPU us/token':>17}")  # fmt: skip
         ttft = {}
         for path, rounds in results.items():
             ttft[path] = statistics.median(pct(r.ttfts, 0.5) for r in rounds) * 1e3
             p50 = statistics.median(pct(r.gaps, 0.5) for r in rounds) * 1e3
             p99 = statistics.median(pct(r.gaps, 0.99) for r in rounds) * 1e3
-            per_token = statistics.median(r.gateway_cpu / r.tokens for r in rounds) * 1e6
+            per_token = statistics.median(r.relay_cpu / r.tokens for r in rounds) * 1e6
             host = statistics.median(r.host_cpu / r.tokens for r in rounds) * 1e6
-            shown = f"{per_token:.1f}" if path == "gateway" else "(idle)"
-            print(f"{path:<8} {ttft[path]:>11.2f} {p50:>10.2f} {p99:>10.2f} {shown:>20} "
+            shown = f"{per_token:.1f}" if path != "direct" else "-"
+            print(f"{path:<8} {ttft[path]:>11.2f} {p50:>10.2f} {p99:>10.2f} {shown:>18} "
                   f"{host:>17.1f}")  # fmt: skip
-        print(f"gateway TTFT over direct: {ttft['gateway'] - ttft['direct']:+.2f} ms")
+        for path in [p for p in ttft if p != "direct"]:
+            print(f"{path} TTFT over direct: {ttft[path] - ttft['direct']:+.2f} ms")
         per_token = floor(args.streams, args.rate, min(args.tokens, 200)) * 1e6
         print(f"floor (bare Trio relay, same pacing): {per_token:.1f} us CPU per token")
 
