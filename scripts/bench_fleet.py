@@ -36,7 +36,11 @@ the gateway process alone) can be divided by the tokens it relayed.
 
     .venv/bin/python scripts/bench_fleet.py [--streams 8] [--rate 50] [--tokens 400]
         [--rounds 3] [--models 4] [--max-loaded 3] [--requests 48] [--clients 4]
-        [--serve-proxy]
+        [--serve-proxy] [--baseline SOURCE_TREE]
+
+``--baseline`` adds a second gateway started from another source tree (another commit's
+checkout) in front of the same hosts, measured in the same rounds as ``baseline``: a
+before/after comparison on one machine at one time.
 """
 
 from __future__ import annotations
@@ -89,12 +93,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(args: list[str], env: dict[str, str], pattern: str, stdout: bool) -> tuple[
-    subprocess.Popen[str], str
-]:  # fmt: skip
-    """A child process and the address it announces (``pattern`` on stdout or stderr)."""
+def start(
+    args: list[str], env: dict[str, str], pattern: str, stdout: bool, cwd: str | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """A child process and the address it announces (``pattern`` on stdout or stderr);
+    ``cwd``: where ``python -m`` finds the package first (another source tree)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ollamatrio", *args], env=env, text=True,
+        [sys.executable, "-m", "ollamatrio", *args], env=env, text=True, cwd=cwd,
         stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
         stderr=subprocess.DEVNULL if stdout else subprocess.PIPE,
     )  # fmt: skip
@@ -336,6 +341,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--serve-proxy", action="store_true",
                         help="also through Ray Serve's proxy (needs the fleet extra)")  # fmt: skip
+    parser.add_argument("--baseline", metavar="SOURCE_TREE",
+                        help="also a gateway run from this source tree (before/after)")  # fmt: skip
     args = parser.parse_args()
     if args.serve_proxy and not os.environ.get(IN_NAMESPACE):
         # Again in a private network and PID namespace: Ray keeps 127.0.0.1 there, and
@@ -371,9 +378,18 @@ def main() -> None:
         proc, gateway = start(["fleet", "gateway", *hosts], gw_env, r"ready: (http://\S+)", True)
         procs.append(proc)
         gw_proc = psutil.Process(proc.pid)
+        baseline: tuple[str, psutil.Process] | None = None
+        if args.baseline:  # the same gateway command from another source tree
+            tree = str(Path(args.baseline).resolve())
+            base_env = {**gw_env, "OLLAMA_HOST": f"127.0.0.1:{free_port()}", "PYTHONPATH": tree}
+            pattern = r"ready: (http://\S+)"
+            proc, url = start(["fleet", "gateway", *hosts], base_env, pattern, True, cwd=tree)
+            procs.append(proc)
+            baseline = (url, psutil.Process(proc.pid))
         # Both hosts up behind the gateway before anything is measured.
-        while "ollamatrio_fleet_hosts_up 2.0" not in httpx.get(f"{gateway}/metrics").text:
-            time.sleep(0.1)
+        for url in [gateway] + ([baseline[0]] if baseline else []):
+            while "ollamatrio_fleet_hosts_up 2.0" not in httpx.get(f"{url}/metrics").text:
+                time.sleep(0.1)
 
         # Paced streams: load m0 through the gateway, then find the host that holds it.
         httpx.post(f"{gateway}/api/generate", json={"model": "m0"}, timeout=60)
@@ -383,6 +399,9 @@ def main() -> None:
             paths: dict[str, tuple[str, Callable[[], float]]] = {
                 "direct": (holder, lambda: 0.0), "gateway": (gateway, lambda: cpu(gw_proc)),
             }  # fmt: skip
+            if baseline is not None:
+                base_url, base_proc = baseline
+                paths["baseline"] = (base_url, lambda: cpu(base_proc))
             if args.serve_proxy:
                 paths["serve"] = stack.enter_context(serve_proxy(holder, env))
             results = paced(paths, host_proc, args)
