@@ -19,10 +19,11 @@ the gateway process alone) can be divided by the tokens it relayed.
   straight to the hosts (model-blind, as Serve's default router, which picks the shorter
   of two random replicas' queues, is).
 
-* **The floor**: the same number of paced streams through the barest Trio relay (socket
-  pairs in this process; per token one ``wait_readable``, one ``read``, one ``write``), each
-  stream's tokens at their own moments: the CPU per token no relay on Trio goes below on
-  this machine, to read the gateway's against.
+* **The floors**: the same number of paced streams over loopback TCP through the barest
+  relays, their tokens written and read by another process (so that no GIL is shared with
+  the relay): a Trio task per stream (per token one ``wait_readable``, one ``read``, one
+  ``write``: what no relay on Trio's scheduler goes below) and a ``poll`` loop per stream in
+  a thread (the gateway's splice without its framing).
 
 * **Serve's own proxy** (``--serve-proxy``, for the record): the same paced streams through
   Ray Serve's HTTP proxy to a Serve ingress deployment that forwards each request to the
@@ -49,9 +50,11 @@ import argparse
 import contextlib
 import itertools
 import json
+import multiprocessing
 import os
 import random
 import re
+import select
 import shutil
 import socket
 import statistics
@@ -274,41 +277,78 @@ def unload_all(hosts: list[str], models: list[str]) -> None:
             httpx.post(f"{url}/api/generate", json={"model": model, "keep_alive": 0}, timeout=30)
 
 
-async def floor_relay(src: socket.socket, dst: socket.socket, count: int) -> None:
-    for _ in range(count):
-        await trio.lowlevel.wait_readable(src)
-        os.write(dst.fileno(), os.read(src.fileno(), 65536))
-
-
-def floor(streams: int, rate: float, tokens: int) -> float:
-    """CPU seconds per token of the barest Trio relay (the Trio thread's own time): a thread
-    writes each stream's tokens at ``rate`` a second, the streams in turn, never two at
-    once, and drains what was relayed."""
-    pairs = [(socket.socketpair(), socket.socketpair()) for _ in range(streams)]
+def feed(ports: tuple[int, int], streams: int, rate: float, tokens: int) -> None:
+    """The floor's host and client, in a process of their own (sharing no GIL with the
+    relay): each stream's tokens written at ``rate`` a second, the streams in turn, never
+    two at once, and what was relayed drained."""
     line = b'{"model":"m0","response":" fox","done":false}\n'
+    framed = b"%x\r\n%b\r\n" % (len(line), line)  # a chunk, as a host writes it
+    writers = [socket.create_connection(("127.0.0.1", ports[0])) for _ in range(streams)]
+    readers = [socket.create_connection(("127.0.0.1", ports[1])) for _ in range(streams)]
+    for _ in range(tokens):
+        for writer, reader in zip(writers, readers, strict=True):
+            writer.send(framed)
+            time.sleep(1 / rate / streams)
+            with contextlib.suppress(BlockingIOError):
+                reader.recv(65536, socket.MSG_DONTWAIT)
 
-    def feed() -> None:
+
+async def trio_relay(pairs: list[tuple[socket.socket, socket.socket]], tokens: int) -> None:
+    """Per token one ``wait_readable``, one ``read``, one ``write``: the fewest a Trio task
+    can do."""
+
+    async def one(src: socket.socket, dst: socket.socket) -> None:
         for _ in range(tokens):
-            for (writer, _), (_, reader) in pairs:
-                writer.send(line)
-                time.sleep(1 / rate / streams)
-                with contextlib.suppress(BlockingIOError):
-                    reader.recv(65536, socket.MSG_DONTWAIT)
+            await trio.lowlevel.wait_readable(src)
+            os.write(dst.fileno(), os.read(src.fileno(), 65536))
 
-    async def relay_all() -> None:
-        async with trio.open_nursery() as nursery:
-            for (_, src), (dst, _) in pairs:
-                nursery.start_soon(floor_relay, src, dst, tokens)
+    async with trio.open_nursery() as nursery:
+        for src, dst in pairs:
+            nursery.start_soon(one, src, dst)
 
-    feeder = threading.Thread(target=feed)
-    start = time.thread_time()
+
+def thread_relay(pairs: list[tuple[socket.socket, socket.socket]], tokens: int) -> None:
+    """Per token one ``poll``, one ``read``, one ``write`` in a thread per stream: the
+    gateway's splice (``fleet/gateway_splice.py``) without its framing."""
+
+    def one(src: socket.socket, dst: socket.socket) -> None:
+        poller = select.poll()
+        poller.register(src.fileno(), select.POLLIN)
+        for _ in range(tokens):
+            poller.poll()
+            os.write(dst.fileno(), os.read(src.fileno(), 65536))
+
+    threads = [threading.Thread(target=one, args=pair) for pair in pairs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def floor(streams: int, rate: float, tokens: int, trio_loop: bool) -> float:
+    """CPU seconds per token of the barest relay over loopback TCP, this process's time
+    (every thread): a Trio task per stream (``trio_loop``), else a thread per stream."""
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    ports = (listeners[0].getsockname()[1], listeners[1].getsockname()[1])
+    feeder = multiprocessing.get_context("spawn").Process(
+        target=feed, args=(ports, streams, rate, tokens)
+    )
     feeder.start()
-    trio.run(relay_all)
-    spent = time.thread_time() - start
+    sources = [listeners[0].accept()[0] for _ in range(streams)]
+    sinks = [listeners[1].accept()[0] for _ in range(streams)]
+    for sock in (*sources, *sinks):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+    pairs = list(zip(sources, sinks, strict=True))
+    start = time.process_time()
+    if trio_loop:
+        trio.run(trio_relay, pairs, tokens)
+    else:
+        thread_relay(pairs, tokens)
+    spent = time.process_time() - start
     feeder.join()
-    for pair in pairs:
-        for sock in (*pair[0], *pair[1]):
-            sock.close()
+    for sock in (*sources, *sinks, *listeners):
+        sock.close()
     return spent / (streams * tokens)
 
 
@@ -421,8 +461,11 @@ def main() -> None:
                   f"{host:>17.1f}")  # fmt: skip
         for path in [p for p in ttft if p != "direct"]:
             print(f"{path} TTFT over direct: {ttft[path] - ttft['direct']:+.2f} ms")
-        per_token = floor(args.streams, args.rate, min(args.tokens, 200)) * 1e6
-        print(f"floor (bare Trio relay, same pacing): {per_token:.1f} us CPU per token")
+        tokens = min(args.tokens, 400)
+        for label, trio_loop in (("a Trio task", True), ("a poll loop in a thread", False)):
+            per_token = floor(args.streams, args.rate, tokens, trio_loop) * 1e6
+            print(f"floor (bare relay over TCP, {label} per stream, same pacing): "
+                  f"{per_token:.1f} us CPU per token")  # fmt: skip
 
         # Mixed models: the same seeded sequence, through the gateway and round-robin.
         sequence = random.Random(23).choices(names, k=args.requests)
