@@ -313,8 +313,16 @@ async def _relay(
             try:
                 client_fd = None
                 if answer.chunked and not reader.done and splicer is not None:
-                    await send({"type": "http.response.body", "body": b"", "more_body": True})
-                    client_fd = splicer.fd()  # the head is out now, if it ever goes out
+                    # What came with the head (most often the first token) goes out from
+                    # here: the splice's thread then starts off the first token's path.
+                    while conn.buffer and not reader.done:
+                        piece = await reader.next()  # from the buffer: no wait
+                        await send({"type": "http.response.body", "body": piece,
+                                    "more_body": not reader.done})  # fmt: skip
+                    if reader.at_chunk_boundary:
+                        await send({"type": "http.response.body", "body": b"",
+                                    "more_body": True})  # fmt: skip
+                        client_fd = splicer.fd()  # the head is out now, if it ever goes out
                 if client_fd is not None and splicer is not None:
                     complete, failure, error_fits = await _splice(conn, client_fd, splicer)
                 else:
