@@ -23,7 +23,7 @@ the gateway process alone) can be divided by the tokens it relayed.
   relays, their tokens written and read by another process (so that no GIL is shared with
   the relay): a Trio task per stream (per token one ``wait_readable``, one ``read``, one
   ``write``: what no relay on Trio's scheduler goes below) and a ``poll`` loop per stream in
-  a thread (the gateway's splice without its framing).
+  a thread (a relay off Trio's scheduler).
 
 * **Serve's own proxy** (``--serve-proxy``, for the record): the same paced streams through
   Ray Serve's HTTP proxy to a Serve ingress deployment that forwards each request to the
@@ -308,8 +308,8 @@ async def trio_relay(pairs: list[tuple[socket.socket, socket.socket]], tokens: i
 
 
 def thread_relay(pairs: list[tuple[socket.socket, socket.socket]], tokens: int) -> None:
-    """Per token one ``poll``, one ``read``, one ``write`` in a thread per stream: the
-    gateway's splice (``fleet/gateway_splice.py``) without its framing."""
+    """Per token one ``poll``, one ``read``, one ``write`` in a thread per stream: a relay
+    that pays no trip through Trio's scheduler."""
 
     def one(src: socket.socket, dst: socket.socket) -> None:
         poller = select.poll()

@@ -215,11 +215,6 @@ class ChunkedDecoder:
     def leftover(self) -> bytearray:
         return self._raw
 
-    @property
-    def at_boundary(self) -> bool:
-        """Whether what was fed so far ends between two chunks (before the last one)."""
-        return self._state == self._SIZE and not self._raw and not self.finished
-
 
 class EventSource(Protocol):
     async def next_batch(self) -> list[dict[str, Any]]: ...

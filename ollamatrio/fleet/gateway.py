@@ -41,14 +41,12 @@ from ..api.native_stream import GenerateLines
 from ..api.openai_stream import ChatEvents
 from ..api.requests import MAX_JSON_BODY
 from ..config import Settings
-from ..http.asgi import SPLICE, Splice
 from ..http.front import serve_http
 from ..http.http1 import LAST_CHUNK, chunk
 from ..serve import hypercorn_config
 from . import gateway_fleetwide as fleetwide
 from .gateway_hosts import Host, HostTable, model_key
 from .gateway_sizes import SizePredictor
-from .gateway_splice import splice
 from .gateway_upstream import BodyReader, HostConnectionError, ResponseHead, Upstream
 from .policy import Choice
 
@@ -179,7 +177,7 @@ class Gateway:
                     self.table.refused(host, attempt)
                     await _discard(host, conn, answer)
                     continue
-                await _relay(host, conn, answer, scope, receive, send)
+                await _relay(host, conn, answer, method, path, receive, send)
                 return
 
     async def _target(self, method: str, body: bytes) -> Target:
@@ -286,24 +284,17 @@ async def _discard(host: Host, conn: Upstream, answer: ResponseHead) -> None:
 
 
 async def _relay(
-    host: Host, conn: Upstream, answer: ResponseHead, scope: dict[str, Any],
+    host: Host, conn: Upstream, answer: ResponseHead, method: str, path: str,
     receive: ASGIReceive, send: ASGISend,
 ) -> None:  # fmt: skip
     """The host's answer to the client as it comes; the connection back to the pool when
-    the answer was read whole, else closed (the host learns the client left).  A chunked
-    body goes to the client's socket as the host framed it, from a worker thread
-    (``gateway_splice.py``), where the front door offers that; any other piece by piece
-    through ``send``."""
-    method: str = scope["method"]
-    path: str = scope["path"]
+    the answer was read whole, else closed (the host learns the client left)."""
     no_body = method == "HEAD" or answer.status in (204, 304) or answer.status < 200
     reader = BodyReader(conn, answer, no_body=no_body)
     headers = [(k, v) for k, v in answer.headers if k not in _ANSWER_HOP]
     content_type = answer.header(b"content-type") or b""
-    splicer: Splice | None = scope.get("extensions", {}).get(SPLICE)
     complete = False
     failure: HostConnectionError | None = None
-    error_fits = True  # the client got whole pieces: an error line can follow
     try:
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
         if reader.done:  # no body (HEAD, 204, an empty answer): its end at once
@@ -311,27 +302,12 @@ async def _relay(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             try:
-                client_fd = None
-                if answer.chunked and not reader.done and splicer is not None:
-                    # What came with the head (most often the first token) goes out from
-                    # here: the splice's thread then starts off the first token's path.
-                    while conn.buffer and not reader.done:
-                        piece = await reader.next()  # from the buffer: no wait
+                while not reader.done:
+                    piece = await reader.next()
+                    if piece or reader.done:
                         await send({"type": "http.response.body", "body": piece,
                                     "more_body": not reader.done})  # fmt: skip
-                    if reader.at_chunk_boundary:
-                        await send({"type": "http.response.body", "body": b"",
-                                    "more_body": True})  # fmt: skip
-                        client_fd = splicer.fd()  # the head is out now, if it ever goes out
-                if client_fd is not None and splicer is not None:
-                    complete, failure, error_fits = await _splice(conn, client_fd, splicer)
-                else:
-                    while not reader.done:
-                        piece = await reader.next()
-                        if piece or reader.done:
-                            await send({"type": "http.response.body", "body": piece,
-                                        "more_body": not reader.done})  # fmt: skip
-                    complete = True
+                complete = True
             except HostConnectionError as exc:
                 failure = exc
             nursery.cancel_scope.cancel()
@@ -340,30 +316,13 @@ async def _relay(
             host.pool.give_back(conn)
         else:
             conn.close()  # mid-answer: the host sees its client leave
-    if failure is None or not error_fits:
+    if failure is None:
         return
     log.warning("%s %s: host %s failed mid-answer: %s", method, path, host.name, failure)
     if answer.status == 200 and content_type.startswith(_STREAMED_TYPES):
         line = error_line(path, content_type, f"the fleet's host {host.name} failed: {failure}")
         await send({"type": "http.response.body", "body": line, "more_body": False})
     # Otherwise the answer stays unfinished: the front door closes the connection.
-
-
-async def _splice(
-    conn: Upstream, client_fd: int, splicer: Splice
-) -> tuple[bool, HostConnectionError | None, bool]:
-    """A chunked body spliced from ``conn`` to the client: (read whole, the host's failure,
-    whether the client got whole chunks only)."""
-    first, conn.buffer = bytes(conn.buffer), bytearray()
-    pumped = await splice(first, conn.stream.socket.fileno(), client_fd)
-    if pumped.outcome == "done":
-        conn.buffer = bytearray(pumped.leftover)
-        splicer.ended()
-        return True, None, True
-    if pumped.outcome == "host_failed":
-        return False, HostConnectionError(pumped.error), pumped.at_boundary
-    splicer.broke()  # the client is gone (or the request stopped): nothing more goes out
-    return False, None, True
 
 
 async def _cancel_on_disconnect(receive: ASGIReceive, scope: trio.CancelScope) -> None:

@@ -150,12 +150,6 @@ class BodyReader:
         self.done = self._left == 0
         return piece
 
-    @property
-    def at_chunk_boundary(self) -> bool:
-        """A chunked body read so far up to the end of a chunk, nothing of the next one
-        buffered: the rest may be passed on as it is framed."""
-        return self._decoder is not None and self._decoder.at_boundary and not self._up.buffer
-
     async def read_all(self) -> bytes:
         out = bytearray()
         while not self.done:

@@ -13,12 +13,6 @@ one message and chunks for the rest (for an HTTP/1.0 client, which cannot read c
 body as it is, ended by closing the connection); no body for ``HEAD``, 1xx, 204 and 304.  The
 head goes out with the first body piece, and every piece costs one non-blocking ``write``
 (``_Connection.write``).
-
-An app that relays a body the host framed in chunks already (the fleet gateway) may write it
-to the client's socket itself, from a worker thread, through the scope's
-``ollamatrio.splice`` extension (:class:`Splice`): once the head is out and the body goes in
-chunks, it gets the socket's descriptor, and tells the exchange when the last chunk is out or
-the client is gone.
 """
 
 from __future__ import annotations
@@ -49,7 +43,6 @@ ASGIApp = Callable[..., Awaitable[None]]
 # itself (408 for a stalled body, 400 for malformed chunks): the status it answered, so the
 # app logs no access line of its own (the exchange logged that answer).
 ANSWERED = "ollamatrio.answered"
-SPLICE = "ollamatrio.splice"  # the scope extension: a Splice
 _FRAMING = (b"content-length", b"transfer-encoding", b"connection")
 
 
@@ -61,7 +54,6 @@ class Connection(Protocol):
     buffer: bytearray  # bytes read past the head, not yet consumed
     eof: bool  # the client closed its side
     broken: bool  # a write failed or timed out: the client cannot be answered any more
-    fd: int  # the client socket's descriptor
     linger: bool  # closing must read on first: the request was not read to its end
 
     @property
@@ -133,7 +125,7 @@ class Exchange:
             "client": connection.client,
             "server": connection.server,
             "state": connection.state.copy(),
-            "extensions": {SPLICE: Splice(self)},
+            "extensions": {},
         }
 
     async def run(self, app: ASGIApp) -> None:
@@ -259,21 +251,16 @@ class Exchange:
         else:
             data = self._counted(body)
         if not more:
+            self.finished = True
             if self._length:  # shorter than announced: only a close can tell the client
                 self.close = True
-            self._finish()
+            if self._waiting is not None:
+                self._waiting.cancel()
         if data:
             await self.connection.write(data)
             if self.connection.broken and self._waiting is not None:
                 # The client stopped reading (or left): the app learns it as a disconnect.
                 self._waiting.cancel()
-
-    def _finish(self) -> None:
-        """The last body piece is out (or nothing more can go): a receive waiting past the
-        body returns the disconnect."""
-        self.finished = True
-        if self._waiting is not None:
-            self._waiting.cancel()
 
     def _start(self, message: dict[str, Any]) -> None:
         self._status = int(message["status"])
@@ -338,31 +325,3 @@ class Exchange:
             self.close = True
         self._length -= len(body)
         return body
-
-
-class Splice:
-    """An exchange's body written to the client's socket by the app itself: bytes already
-    framed as this exchange frames them (chunks), so that a relay passes them on unchanged,
-    with no message per piece.  Only while the app waits for the writer: nothing else
-    writes to the connection meanwhile."""
-
-    def __init__(self, exchange: Exchange) -> None:
-        self._exchange = exchange
-
-    def fd(self) -> int | None:
-        """The client socket's descriptor once the head is out and the body goes in chunks,
-        until its end; None otherwise (the body then goes through ``send``)."""
-        exchange = self._exchange
-        connection = exchange.connection
-        if not exchange.started or not exchange._chunked or exchange.finished:
-            return None
-        return None if connection.broken else connection.fd
-
-    def ended(self) -> None:
-        """The body's last chunk was written."""
-        self._exchange._finish()
-
-    def broke(self) -> None:
-        """A write failed: the client cannot be answered any more."""
-        self._exchange.connection.broken = True
-        self._exchange._finish()
