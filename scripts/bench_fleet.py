@@ -110,6 +110,8 @@ def start(
     assert stream is not None
     for line in stream:
         if (match := re.search(pattern, line)) is not None:
+            # Drained from now on: a full pipe would stop the child at its next log line.
+            threading.Thread(target=stream.read, daemon=True).start()
             return proc, match.group(1)
     raise RuntimeError(f"{args} exited with {proc.wait()}")
 
