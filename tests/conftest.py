@@ -102,7 +102,8 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
     Options: ``behaviour`` (:class:`SimulatedBehaviour`, fast by default), ``models``
     (extra ``{name: gguf path}`` to import), ``engines`` (another engine factory, e.g.
     real runner processes), ``gpus`` (simulated GPUs, as in OLLAMATRIO_SIMULATED_GPUS),
-    ``budget`` (the front door's :class:`ConnectionBudget`), any :class:`Settings` field.
+    ``system`` (the simulated host memory, 64 GiB by default), ``budget`` (the front
+    door's :class:`ConnectionBudget`), any :class:`Settings` field.
     """
 
     @asynccontextmanager
@@ -112,6 +113,7 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
         models: dict[str, Path] | None = None,
         engines: EngineFactory | None = None,
         gpus: list[dict[str, Any]] | None = None,
+        system: dict[str, Any] | None = None,
         budget: ConnectionBudget | None = None,
         **overrides: Any,
     ) -> AsyncIterator[RunningServer]:
@@ -132,7 +134,9 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
         for name, path in {**wanted, **(models or {})}.items():
             await trio.to_thread.run_sync(import_model, store, name, path)
         devices = SimulatedDevices(
-            json.dumps({"gpus": gpus or [], "system": {"total": 64 << 30, "cpu_count": 2}})
+            json.dumps(
+                {"gpus": gpus or [], "system": system or {"total": 64 << 30, "cpu_count": 2}}
+            )
         )
         if engines is None:
             engines = SimulatedEngineFactory(

@@ -163,6 +163,30 @@ async def test_ps_extra_fields_for_state_and_queue(api_server) -> None:
             }  # fmt: skip
 
 
+async def test_ps_says_the_free_memory_a_new_load_could_use_per_device(api_server) -> None:
+    """/api/ps's top-level ``free_memory`` (for a fleet's gateway): each GPU, then the
+    host's RAM, as the scheduler counts them; a load takes its share."""
+    gpu = {"id": "sim0", "library": "CUDA", "total": 2 << 30, "compute": "8.6"}
+    system = {"total": 8 << 30, "cpu_count": 2}
+    with trio.fail_after(20):
+        async with (
+            running(api_server, gpus=[gpu], system=system) as (srv, c),
+            httpx.AsyncClient(base_url=srv.url) as raw,
+        ):
+            before = (await raw.get("/api/ps")).json()["free_memory"]
+            assert before == [
+                {"device": "sim0", "free": 2 << 30},
+                {"device": "host", "free": 8 << 30},
+            ]
+            await c.generate("tiny", "x")
+            after = {
+                row["device"]: row["free"]
+                for row in (await raw.get("/api/ps")).json()["free_memory"]
+            }
+            assert after["sim0"] < 2 << 30
+            assert after["host"] <= 8 << 30
+
+
 async def test_copy_delete(api_server) -> None:
     with trio.fail_after(20):
         async with running(api_server) as (_srv, c):

@@ -24,6 +24,8 @@ from ollamatrio.config import Settings
 from ollamatrio.engines.simulated import SimulatedBehaviour
 from ollamatrio.fleet.gateway import RunningGateway, error_line, model_of, serve_gateway
 from ollamatrio.fleet.gateway_hosts import HostTable, model_key
+from ollamatrio.fleet.gateway_sizes import SizePredictor
+from ollamatrio.fleet.policy import rendezvous_score
 
 # The openai SDK stops reading a stream at [DONE] without closing its inner async
 # generators; under Trio their finalizer warns (as in tests/test_openai_api.py).
@@ -447,3 +449,62 @@ async def test_fleetwide_ps_metrics_and_events(api_server, tiny_gguf, tmp_path) 
                 assert "ollamatrio_fleet_hosts_up 2.0" in metrics
                 for host in hosts:
                     assert f'host="{host.url}"' in metrics
+
+
+async def test_a_cold_model_goes_to_a_host_whose_free_memory_fits_it(
+    api_server, tiny_gguf, tmp_path
+) -> None:
+    """One host says (``/api/ps``) it has less free memory than the model's predicted size
+    (its GGUF header in the shared store): a cold model goes to the other one, even when the
+    rendezvous hash prefers the small one."""
+    models = {f"m{i}": tiny_gguf() for i in range(16)}  # one file, many names
+    settings = Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models")
+    with trio.fail_after(30):
+        async with AsyncExitStack() as stack:
+            small = await stack.enter_async_context(api_server(models=models, system={
+                "total": 16 << 20, "cpu_count": 2,
+            }))  # fmt: skip
+            big = await stack.enter_async_context(api_server(models=models))
+            size = await SizePredictor(settings).predict("m0")
+            assert size is not None
+            assert 16 << 20 < size < 64 << 30
+            # A name whose hash puts the small host first.
+            name = next(
+                n for n in models
+                if rendezvous_score(model_key(n), small.url)
+                > rendezvous_score(model_key(n), big.url)
+            )  # fmt: skip
+            gw = await stack.enter_async_context(gateway([small.url, big.url], tmp_path))
+            seen = gw.table.hosts[big.url]
+            before = seen.free_memory
+            assert before is not None
+            assert sum(before) == 64 << 30
+            async with ollama.AsyncClient(host=gw.url) as client:
+                assert (await client.generate(name, "hi")).done
+            assert (small.engines.loads, big.engines.loads) == (0, 1)
+            assert gw.table.decisions == {"cold": 1}
+            # The host's free memory is read again after the load's events.
+            while seen.free_memory == before:
+                await gw.table.wait_changed()
+            assert seen.free_memory is not None
+            assert sum(seen.free_memory) < sum(before)
+
+
+async def test_a_host_that_has_not_said_its_free_memory_fits_any_model() -> None:
+    table = HostTable(["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    said, silent = table.hosts.values()
+    said.resync({"models": [], "free_memory": [{"device": "host", "free": 1000}]})
+    silent.resync({"models": [], "free_memory": "not a list"})
+    said.up = silent.up = True
+    assert said.free_memory == (1000,)
+    assert silent.free_memory is None
+    names = [f"m{i}" for i in range(16)]
+    for name in names:  # too big for the host that said: the silent one first
+        assert [c.host for c in table.choose(name, size=2000)] == [silent.name, said.name]
+        assert table.choose(name, size=2000)[0].kind == "cold"
+    # When both fit, the hash decides, so each host comes first for some model.
+    firsts = {table.choose(name, size=500)[0].host for name in names}
+    assert firsts == {said.name, silent.name}
+    assert table.needs_size("m0")
+    said.models["m0"] = "ready"
+    assert not table.needs_size("m0")

@@ -149,7 +149,13 @@ class OllamaApi:
                         "prompt_cache": info.prompt_cache,
                     }
                     for info in self.ctx.scheduler.ps()
-                ]
+                ],
+                # Ours (docs/fleet.md): what a new load could use per device, for a fleet's
+                # gateway; Ollama's clients ignore keys they do not know.
+                "free_memory": [
+                    {"device": device, "free": free}
+                    for device, free in await self.ctx.scheduler.free_memory()
+                ],
             }
         )
 

@@ -46,6 +46,7 @@ from ..http.http1 import LAST_CHUNK, chunk
 from ..serve import hypercorn_config
 from . import gateway_fleetwide as fleetwide
 from .gateway_hosts import Host, HostTable, model_key
+from .gateway_sizes import SizePredictor
 from .gateway_upstream import BodyReader, HostConnectionError, ResponseHead, Upstream
 from .policy import Choice
 
@@ -116,8 +117,9 @@ def error_line(path: str, content_type: bytes, message: str) -> bytes:
 class Gateway:
     """The gateway's ASGI app."""
 
-    def __init__(self, table: HostTable) -> None:
+    def __init__(self, table: HostTable, sizes: SizePredictor | None = None) -> None:
         self.table = table
+        self.sizes = sizes  # None: every model's size unknown (it fits anywhere)
 
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] == "lifespan":
@@ -144,7 +146,7 @@ class Gateway:
             if read is None:
                 return  # the client left
             body = read
-        target = self._target(method, body)
+        target = await self._target(method, body)
         if not target.hosts:
             await _answer(send, 503, error_body(path, "no host of the fleet is up", 503))
             return
@@ -178,13 +180,16 @@ class Gateway:
                 await _relay(host, conn, answer, method, path, receive, send)
                 return
 
-    def _target(self, method: str, body: bytes) -> Target:
+    async def _target(self, method: str, body: bytes) -> Target:
         name = model_of(body) if method in ("POST", "DELETE") else None
         if name is None:
             return Target([(h, None) for h in self.table.default()], None)
         model = model_key(name)
+        size = None
+        if self.sizes is not None and self.table.needs_size(model):
+            size = await self.sizes.predict(name)  # a cold model: which hosts have room
         hosts = self.table.hosts
-        choices: list[Choice] = self.table.choose(model)
+        choices: list[Choice] = self.table.choose(model, size)
         return Target([(hosts[c.host], c.kind) for c in choices], model)
 
 
@@ -344,7 +349,7 @@ async def serve_gateway(
     them as they come) on ``listener`` (else ``settings.bind``) until ``shutdown_trigger``
     returns."""
     table = hosts if isinstance(hosts, HostTable) else HostTable(hosts)
-    app = Gateway(table)
+    app = Gateway(table, SizePredictor(settings))
     async with trio.open_nursery() as nursery:
         await nursery.start(table.run)
 

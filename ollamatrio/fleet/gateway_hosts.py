@@ -44,6 +44,10 @@ RECENT_SECONDS: Final = 30.0
 FIRST_BACKOFF: Final = 0.25  # seconds before watching a lost host again
 MAX_BACKOFF: Final = 5.0
 
+# The events after which a host's free memory is no longer what it said: memory booked for
+# a load, or given back; the gateway reads its /api/ps again (one GET per load or unload).
+_MEMORY_EVENTS: Final = frozenset({"loading", "loaded", "load_failed", "crashed", "unloaded"})
+
 # What each event says of the model's runner on that host (None: it is gone).
 _EVENT_STATES: Final[dict[str, str | None]] = {
     "loading": "loading",
@@ -92,6 +96,8 @@ class Host:
         self.models: dict[str, str] = {}  # model key → loading | ready | unloading
         self.inflight: dict[str, int] = {}  # model key → the gateway's requests there
         self.refused = False  # answered 503 since the last of our requests there ended
+        # Bytes a new load could use per device, from the host's /api/ps (None: not said).
+        self.free_memory: tuple[int, ...] | None = None
 
     def view(self) -> HostView:
         ready = frozenset(m for m, state in self.models.items() if state == "ready")
@@ -101,6 +107,7 @@ class Host:
             host=self.name,
             loaded=ready,
             loading=frozenset(loading),
+            free_memory=self.free_memory,
             saturated=self.refused,
             load=sum(self.inflight.values()),
         )
@@ -112,6 +119,17 @@ class Host:
             state = row.get("state", "ready")
             if state in ("loading", "ready", "unloading"):
                 self.models[model_key(str(row.get("name") or row.get("model")))] = state
+        self.read_free_memory(ps)
+
+    def read_free_memory(self, ps: dict[str, Any]) -> None:
+        """The free bytes per device of ``/api/ps``; a host that does not say them (an
+        older server, another implementation) fits every model as far as routing goes."""
+        rows = ps.get("free_memory")
+        try:
+            free = tuple(int(row["free"]) for row in rows) if isinstance(rows, list) else None
+        except (TypeError, KeyError, ValueError):
+            free = None
+        self.free_memory = free if free else None
 
     def apply(self, event: dict[str, Any]) -> str | None:
         """One scheduler event; the model it is about if it changed what the host holds."""
@@ -234,9 +252,20 @@ class HostTable:
                 del self._recent[model]
         return {model: host for model, (host, _) in self._recent.items()}
 
-    def choose(self, model: str) -> list[Choice]:
-        """The hosts that are up, in the order to try them for ``model`` (a key)."""
-        return route(model, [h.view() for h in self.up()], recent=self.recent())
+    def needs_size(self, model: str) -> bool:
+        """Whether routing ``model`` (a key) may go cold: no host that is up holds it (loaded
+        or loading) without being saturated for it.  Only then does its size matter."""
+        recent = self.recent().get(model)
+        for host in self.up():
+            holds = host.models.get(model) in ("ready", "loading") or host.inflight.get(model)
+            if (holds or host.name == recent) and not host.refused:
+                return False
+        return True
+
+    def choose(self, model: str, size: int | None = None) -> list[Choice]:
+        """The hosts that are up, in the order to try them for ``model`` (a key) of
+        predicted ``size`` bytes (None: unknown)."""
+        return route(model, [h.view() for h in self.up()], size=size, recent=self.recent())
 
     def default(self) -> list[Host]:
         """For a request that names no model: the hosts that are up, as listed."""
@@ -333,18 +362,17 @@ class HostTable:
         try:
             if head.status != 200:
                 raise HostConnectionError(f"/api/events answered {head.status}")
-            status, body = await host.pool.get("/api/ps")
-            if status != 200:
-                raise HostConnectionError(f"/api/ps answered {status}")
+            ps = await self._read_ps(host)
             try:
-                host.resync(json.loads(body))
-            except (ValueError, AttributeError) as exc:
-                raise HostConnectionError(f"/api/ps answered no JSON object: {exc}") from None
+                host.resync(ps)
+            except AttributeError as exc:
+                raise HostConnectionError(f"/api/ps answered no list of models: {exc}") from None
             self._set_up(host, True)
             reader = BodyReader(conn, head, no_body=False)
             pending = bytearray()
             while not reader.done:
                 pending += await reader.next()
+                memory_changed = False
                 while (end := pending.find(b"\n\n")) >= 0:
                     raw, pending[:] = bytes(pending[:end]), pending[end + 2 :]
                     try:
@@ -352,6 +380,26 @@ class HostTable:
                     except ValueError:
                         continue
                     if event is not None:
+                        memory_changed |= event.get("event") in _MEMORY_EVENTS
                         yield event
+                if memory_changed:  # once for the events of one read, not once each
+                    await self._reread_free_memory(host)
         finally:
             conn.close()
+
+    async def _reread_free_memory(self, host: Host) -> None:
+        host.read_free_memory(await self._read_ps(host))
+        self._notify()
+
+    @staticmethod
+    async def _read_ps(host: Host) -> dict[str, Any]:
+        status, body = await host.pool.get("/api/ps")
+        if status != 200:
+            raise HostConnectionError(f"/api/ps answered {status}")
+        try:
+            ps = json.loads(body)
+        except ValueError as exc:
+            raise HostConnectionError(f"/api/ps answered no JSON: {exc}") from None
+        if not isinstance(ps, dict):
+            raise HostConnectionError("/api/ps answered no JSON object")
+        return ps

@@ -51,7 +51,7 @@ from .calibration import VramCalibration
 from .events import EventHub, EventKind, EvictReason, SchedulerEvent
 from .options import LoadOptions, default_context_length, resolve_load_options
 from .placement import Placement
-from .policy import Fail, Load, compatible, decide, retry_after_oom
+from .policy import Fail, Load, compatible, decide, free_room, retry_after_oom
 from .requests import Lease, ModelRequest, PendingRequest
 from .runner import Runner, RunnerInfo, RunnerState
 from .runner_task import RunnerTasks
@@ -169,6 +169,17 @@ class Scheduler:
         return sorted(
             infos, key=lambda i: math.inf if i.expires_at is None else i.expires_at, reverse=True
         )
+
+    async def free_memory(self) -> list[tuple[str, int]]:
+        """Bytes a new load could use now without evicting anything, per GPU (its id) and
+        for the host's RAM (``"host"``, last), as the placement pass counts them: runners
+        being evicted already gone, unloading ones still there.  For a fleet's gateway
+        (``/api/ps``), which places cold models on hosts that have room."""
+        inventory = await self._devices.inventory()
+        runners = list(self._runners.values())
+        going = {r for r in runners if r.evicting and r.state is not RunnerState.UNLOADING}
+        rooms, host = free_room(runners, inventory, going, (), self.calibration)
+        return [(room.id, room.free) for room in rooms] + [("host", host)]
 
     def runners(self) -> list[Runner]:
         """Every runner the scheduler holds (loading, ready, unloading); for metrics."""
