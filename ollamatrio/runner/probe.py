@@ -9,7 +9,8 @@ llama.cpp itself prints goes to stderr.
 The server runs this in a short-lived process (:mod:`ollamatrio.engines.capability`)
 because asking initialises every GPU runtime the engine was built with, and a CUDA context
 holds about 545 MB of VRAM until its process exits.  The import happens here, in the main
-thread: CUDA builds of xllamacpp crash when first imported in any other thread.
+thread and with nothing but the standard library loaded: the CUDA build crashed (SIGSEGV)
+imported after numpy on an H200, and was reported to when imported off the main thread.
 """
 
 from __future__ import annotations
