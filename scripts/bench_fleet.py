@@ -116,6 +116,16 @@ def start(
     raise RuntimeError(f"{args} exited with {proc.wait()}")
 
 
+def stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM, then SIGKILL if it has not ended after 30 s; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -264,12 +274,7 @@ def serve_proxy(host: str, env: dict[str, str]) -> Iterator[tuple[str, Callable[
         with contextlib.suppress(Exception):
             serve.shutdown()
         ray.shutdown()
-        node.terminate()  # by PID: ``ray start --block`` stops its node on SIGTERM
-        try:
-            node.wait(30)
-        except subprocess.TimeoutExpired:
-            node.kill()
-            node.wait()
+        stop(node)  # by PID: ``ray start --block`` stops its node on SIGTERM
         shutil.rmtree(temp, ignore_errors=True)
 
 
@@ -483,13 +488,7 @@ def main() -> None:
             print(f"{label:<26} {loads(hosts) - before:>11.0f} {wall:>7.2f} {shown:>22}")
     finally:
         for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
         shutil.rmtree(work, ignore_errors=True)
 
 
