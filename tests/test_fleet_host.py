@@ -140,3 +140,35 @@ def test_fleet_up_options_from_flags_config_and_environment(tmp_path: Path) -> N
     config.write_text("[fleet]\nreplica = 2\n")
     with pytest.raises(FleetError, match="unknown \\[fleet\\] keys: replica"):
         options_from(_args(config=config), environ)
+
+
+def test_the_host_process_reports_the_niceness_it_inherited(tmp_path: Path) -> None:
+    """A Ray worker starts at niceness 15 and its server inherits it: the host says so."""
+    env = {**SIMULATED, "OLLAMA_MODELS": str(tmp_path)}
+    script = textwrap.dedent(f"""
+        from ollamatrio.fleet.host_process import HostProcess
+        server = HostProcess("127.0.0.1", {env!r})
+        print(server.niceness, flush=True)
+        server.stop()
+    """)  # fmt: skip
+    done = subprocess.run(
+        ["nice", "-n", "7", sys.executable, "-c", script], capture_output=True, text=True,
+        timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == os.nice(0) + 7
+
+
+def test_fleet_up_and_status_warn_when_hosts_run_niced() -> None:
+    pytest.importorskip("ray", reason="the fleet extra is not installed")
+    from ollamatrio.fleet.ray_cli import niceness_warning
+
+    def hosts(*levels: int | None) -> dict[str, Any]:
+        return {"hosts": [{"url": f"http://h{i}", "niceness": n} for i, n in enumerate(levels)]}
+
+    assert niceness_warning(hosts(0, 0)) is None
+    assert niceness_warning(hosts(None)) is None  # a host that did not say: no guess
+    warning = niceness_warning(hosts(15, 0, 15))
+    assert warning is not None
+    assert "2 of 3 hosts run at niceness 15" in warning
+    assert "RAY_worker_niceness=0" in warning

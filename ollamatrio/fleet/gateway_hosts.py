@@ -89,6 +89,7 @@ class Host:
         self.name = f"http://{self.address[0]}:{self.address[1]}"
         self.replica = replica  # Ray's replica id, when Ray runs the host
         self.node = node  # its Ray node (id or address)
+        self.niceness: int | None = None  # its server's scheduling niceness (Ray hosts)
         self.seen = 0.0  # when its owner last said it exists (trio time; Ray hosts)
         self.watcher = trio.CancelScope()  # the watch task's scope; cancelled on removal
         self.pool = HostPool(self.address)

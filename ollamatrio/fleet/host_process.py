@@ -71,6 +71,9 @@ class HostProcess:
         assert self.proc.stderr is not None
         self.url = self._read_address(self.proc.stderr)
         self.pid = self.proc.pid
+        # Inherited from whoever started it: a Ray worker runs at niceness 15 unless the node
+        # was started with RAY_worker_niceness=0 (docs/fleet.md), and cannot undo that.
+        self.niceness = os.getpriority(os.PRIO_PROCESS, self.pid)
         self._output = threading.Thread(
             target=_forward, args=(self.proc.stderr, f"[serve {self.pid}]"), daemon=True
         )

@@ -53,6 +53,10 @@ HEALTH_TIMEOUT: Final = 10.0
 SILENT_SECONDS: Final = 5 * HEALTH_PERIOD
 REQUESTS_METRIC: Final = "ollamatrio_requests"  # queued + running, per host
 TARGET_REQUESTS: Final = 4.0  # requests per host the autoscaling policy aims for
+NICENESS_ADVICE: Final = (
+    "ollamatrio serve %d runs at niceness %d (Ray starts its workers at 15), so any other busy "
+    "process on this node comes first; start the Ray nodes with RAY_worker_niceness=0"
+)
 
 
 @dataclass(frozen=True)
@@ -143,11 +147,13 @@ class FleetGatewayImpl:
     def _in_trio(self, fn: Any, *args: Any) -> Any:
         return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
 
-    def register(self, url: str, replica: str, node: str) -> None:
+    def register(
+        self, url: str, replica: str, node: str, niceness: int | None = None
+    ) -> None:
         """A host replica says it exists (at start and at each of its health checks)."""
 
         def add() -> None:
-            self.table.add(url, replica, node)
+            self.table.add(url, replica, node).niceness = niceness
             self.table.forget_silent(trio.current_time() - SILENT_SECONDS)
 
         self._in_trio(add)
@@ -164,6 +170,7 @@ class FleetGatewayImpl:
             hosts = [
                 {
                     "url": h.name, "replica": h.replica, "node": h.node, "up": h.up,
+                    "niceness": h.niceness,
                     "models": [
                         {k: r.get(k) for k in ("name", "state", "queued", "active", "slots")}
                         for r in rows if r["replica"] == (h.replica or h.name)
@@ -213,9 +220,13 @@ class FleetHostImpl:
         self.server = HostProcess(self.node_ip, env)
         log.info("host replica %s: ollamatrio serve %d at %s", self.replica,
                  self.server.pid, self.server.url)  # fmt: skip
+        if self.server.niceness > 0:
+            log.warning(NICENESS_ADVICE, self.server.pid, self.server.niceness)
 
     async def _register(self) -> None:
-        await self.gateway.register.remote(self.server.url, self.replica, self.node)
+        await self.gateway.register.remote(
+            self.server.url, self.replica, self.node, self.server.niceness
+        )
 
     async def check_health(self) -> None:
         problem = self.server.healthy()
@@ -228,7 +239,8 @@ class FleetHostImpl:
 
     def info(self) -> dict[str, Any]:
         return {"url": self.server.url, "pid": self.server.pid, "replica": self.replica,
-                "node": self.node, "node_ip": self.node_ip}  # fmt: skip
+                "node": self.node, "node_ip": self.node_ip,
+                "niceness": self.server.niceness}  # fmt: skip
 
     def __del__(self) -> None:
         try:

@@ -75,6 +75,21 @@ def options_from(args: argparse.Namespace, environ: dict[str, str]) -> FleetOpti
     )  # fmt: skip
 
 
+def niceness_warning(status: dict[str, Any]) -> str | None:
+    """A warning for the operator when hosts' servers run niced (Ray starts its workers at
+    niceness 15, and the servers inherit it): on a busy node anything else comes first."""
+    niced = sorted({h["niceness"] for h in status["hosts"] if (h.get("niceness") or 0) > 0})
+    if not niced:
+        return None
+    count = sum(1 for h in status["hosts"] if (h.get("niceness") or 0) > 0)
+    levels = "/".join(str(n) for n in niced)
+    return (
+        f"warning: {count} of {len(status['hosts'])} hosts run at niceness {levels}, so any "
+        "other busy process on their nodes comes first; start each Ray node with "
+        "RAY_worker_niceness=0 in its environment (docs/fleet.md)"
+    )
+
+
 def _connect(args: argparse.Namespace) -> None:
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     try:
@@ -99,6 +114,8 @@ def up(args: argparse.Namespace) -> int:
     with urllib.request.urlopen(f"{url}/api/version", timeout=10) as answer:
         answer.read()
     print(f"ready: {url} ({up_count} replicas)", flush=True)
+    if (warning := niceness_warning(status)) is not None:
+        print(warning, file=sys.stderr)
     return 0
 
 
@@ -130,6 +147,8 @@ def status(args: argparse.Namespace) -> int:
         )
         print(f"{host['replica'] or '-':<12} {(host['node'] or '-')[:12]:<14} "
               f"{'yes' if host['up'] else 'no':<4} {host['url']:<26} {models or '-'}")  # fmt: skip
+    if (warning := niceness_warning(state)) is not None:
+        print(warning, file=sys.stderr)
     return 0
 
 
