@@ -29,7 +29,7 @@ ray = pytest.importorskip("ray", reason="the fleet extra is not installed: pip i
 
 SCENARIO = Path(__file__).parent / "helpers" / "fleet_ray_scenario.py"
 UNSHARE = ["unshare", "-rn", "--pid", "--fork", "--mount-proc"]
-TIMEOUT = 300  # seconds for the whole scenario, on a busy two-core machine
+TIMEOUT = 540  # seconds for the whole scenario at worst (each wait in it is bounded)
 
 
 def _namespaces_work() -> str | None:
@@ -84,6 +84,8 @@ def test_alternating_models_each_load_on_one_host_with_replica_and_node(
     assert len(holders(rows, "other:latest")) == 1
     replicas = {h["replica"]: h["node"] for h in run["status"]["hosts"]}
     assert len(set(replicas.values())) == 2  # one host per node
+    # Nodes started with RAY_worker_niceness=0: the servers run at the normal priority.
+    assert [h["niceness"] for h in run["status"]["hosts"]] == [0, 0]
     for row in rows:  # /api/ps rows carry Ray's replica id and node
         assert replicas[row["replica"]] == row["node"]
 
@@ -113,7 +115,7 @@ def test_a_killed_hosts_server_is_routed_around_and_replaced(run: dict[str, Any]
     _check(run, "after_kill", "replaced_seconds")
     assert run["after_kill"]["status"] == 200
     assert run["after_kill"]["seconds"] < 15
-    assert run["replaced_seconds"] is not None  # Serve replaced the replica within 40 s
+    assert run["replaced_seconds"] is not None  # Serve replaced the replica (within 90 s)
 
 
 def test_the_official_clients_stream_through_the_ray_deployed_gateway(
@@ -139,10 +141,14 @@ def test_a_stream_on_a_killed_hosts_server_ends_with_an_error_line(run: dict[str
 def test_autoscaling_adds_a_host_when_the_only_one_is_full_and_the_rest_spills_there(
     run: dict[str, Any],
 ) -> None:
-    _check(run, "scaled_up", "scale_up_seconds", "spilled_ps")
+    _check(run, "scaled_up")
     assert run["scaled_up"]["rc"] == 0
     assert run["scaled_up"]["output"].strip() == "ready: http://127.0.0.1:11434 (1 replicas)"
-    assert run["scale_up_seconds"] is not None  # two hosts within 60 s of the full queue
+    assert "first_stream" not in run, run["first_stream"]  # the first stream got tokens
+    _check(run, "scale_up_seconds")
+    # Two hosts within 120 s of the full queue (what the gateway and host saw, if not).
+    assert run["scale_up_seconds"] is not None, run.get("scale_up_missed")
+    _check(run, "spilled_ps")
     rows = run["spilled_ps"]
     assert len({r["replica"] for r in rows}) == 2  # tiny on both hosts
     assert [(r["active"], r["queued"]) for r in rows] == [(1, 1), (1, 1)]
@@ -162,7 +168,7 @@ def test_autoscaling_scales_back_down_and_the_removed_hosts_server_is_gone(
     _check(run, "streams", "scale_down_seconds", "removed_host")
     assert [s["status"] for s in run["streams"]] == [200] * 4
     assert all(s["failure"] is None for s in run["streams"]), run["streams"]
-    assert run["scale_down_seconds"] is not None  # one host within 60 s of the last stream
+    assert run["scale_down_seconds"] is not None  # one host within 90 s of the last stream
     assert run["removed_host"]["pid"] is not None
     assert run["removed_host"]["server_gone"]
 

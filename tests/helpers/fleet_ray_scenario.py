@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,16 +32,23 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 GATEWAY = "127.0.0.1:11434"
+RAY_TEMP = "/nonexistent"  # the head node's --temp-dir, once main() made it
 NODE = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--object-store-memory=80000000",
         "--disable-usage-stats", "--block"]  # fmt: skip
 
 
-def environment(models: str) -> dict[str, str]:
+def environment(models: str, home: str) -> dict[str, str]:
     return {
         **os.environ,
+        # Not the user's own: a ~/.ray/auth_token left by an earlier ray.init() makes a
+        # worker node fail to join this cluster ("InvalidAuthToken").
+        "HOME": home,
         "PYTHONPATH": str(ROOT),
         "RAY_memory_monitor_refresh_ms": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # As docs/fleet.md says to: Ray starts its workers (the hosts' servers with them) at
+        # niceness 15 otherwise, and then anything busy on the machine starves them.
+        "RAY_worker_niceness": "0",
         "OLLAMA_HOST": GATEWAY,
         "OLLAMA_MODELS": models,
         "OLLAMATRIO_ENGINE": "simulated",
@@ -128,6 +136,12 @@ OLLAMATRIO_SIMULATED_ENGINE = '{{"default": {{"load_seconds": 0.05, "tokens_per_
 TMPDIR = "{tmp}"
 """
 LONG = {"prompt": "go", "options": {"num_predict": 100_000}}
+# How long the cluster gets for each change (seconds): generous, since a loaded two-core
+# machine starts a replica's worker, its server and the health check that registers it
+# several times slower than an idle one; a healthy run takes a fraction of these.
+SCALE_UP_WAIT = 120
+SCALE_DOWN_WAIT = 90
+REPLACE_WAIT = 90
 
 
 class Stream(threading.Thread):
@@ -317,7 +331,7 @@ def scenarios(env: dict[str, str], results: dict[str, Any], save: Any, work: Pat
     save()
     # Serve notices the dead server (health check) and replaces the replica.
     replaced = None
-    for hosts in watch_hosts(client, 40):
+    for hosts in watch_hosts(client, REPLACE_WAIT):
         if len(hosts) == 2 and holder["replica"] not in hosts:
             replaced = time.monotonic() - start
             break
@@ -351,56 +365,93 @@ def autoscaling(env: dict[str, str], results: dict[str, Any], save: Any, work: P
     client = httpx.Client(base_url=url, timeout=30)
     streams: list[Stream] = []
     try:
-        streams.append(Stream(url, "tiny"))
-        streams[0].first_token.wait(30)
-        streams.append(Stream(url, "tiny"))  # queued behind the first: the host is full
-        start = time.monotonic()
-        two = next((h for h in watch_hosts(client, 60) if len(h) == 2), None)
-        results["scale_up_seconds"] = time.monotonic() - start if two else None
-        save()
-        if two is None:
-            return
-        # The first host answers 503 (its queue is full): both streams go to the second.
-        streams.append(Stream(url, "tiny"))
-        streams[2].first_token.wait(30)
-        streams.append(Stream(url, "tiny"))
-        rows = wait_rows(client, "tiny:latest", 2, 2)
-        results["spilled_ps"] = rows
-        results["spill_metrics"] = client.get("/metrics").text
-        pids = {replica: server_pid(host) for replica, host in two.items()}
-        save()
-
-        # The first client leaves: the stream queued behind it gets the slot.
-        streams[0].leave()
-        streams[0].join()
-        streams[1].first_token.wait(5)
-        results["slot_freed_seconds"] = streams[1].first_token_at - streams[0].left_at
-        save()
-    finally:
-        for stream in streams[1:]:
+        spill(client, url, streams, results, save)
+    finally:  # whatever happened above: every client leaves, the fleet goes down
+        for stream in streams:
             stream.leave()
         for stream in streams:
             stream.join()
-    results["streams"] = [stream.summary() for stream in streams]
+        results["streams"] = [stream.summary() for stream in streams]
+        save()
+        two = results.get("hosts_scaled_up")
+        if two is not None and results.get("slot_freed_seconds") is not None:
+            scale_down(client, two, results, save)
+        rc, out, seconds = fleet(env, "down")
+        results["down_autoscaled"] = {"rc": rc, "output": out, "seconds": seconds}
+        results["serve_left_autoscaled"] = [p.pid for p in serve_processes()]
+        results["runners_left"] = [
+            p.pid for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [])[1:3] == ["-m", "ollamatrio.runner"]
+        ]  # fmt: skip
+        results["runner_folders_left"] = sorted(p.name for p in runner_tmp.iterdir())
+        results["replicas_left_autoscaled"] = replica_processes()
+        save()
+
+
+def spill(
+    client: httpx.Client, url: str, streams: list[Stream], results: dict[str, Any], save: Any
+) -> None:
+    """Two streams fill the only host; once a second host is up two more spill to it; the
+    first client leaves and the stream queued behind it gets the slot."""
+    streams.append(Stream(url, "tiny"))
+    if not streams[0].first_token.wait(60) or streams[0].failure or streams[0].status != 200:
+        results["first_stream"] = streams[0].summary()
+        return
+    streams.append(Stream(url, "tiny"))  # queued behind the first: the host is full
     start = time.monotonic()
-    one = next((h for h in watch_hosts(client, 60) if len(h) == 1), None)
+    seen: list[Any] = []
+    for hosts in watch_hosts(client, SCALE_UP_WAIT):
+        seen.append(hosts)
+        if len(hosts) == 2:
+            results["hosts_scaled_up"] = hosts
+            break
+    results["scale_up_seconds"] = time.monotonic() - start if len(seen[-1]) == 2 else None
+    if results["scale_up_seconds"] is None:  # what the gateway and Serve saw, for the report
+        results["scale_up_missed"] = {"ps": client.get("/api/ps").json(), "hosts": seen[-1],
+                                      "streams": [s.summary() for s in streams],
+                                      "serve_controller_log": serve_log_tail()}  # fmt: skip
+    save()
+    if results["scale_up_seconds"] is None:
+        return
+    two = results["hosts_scaled_up"]
+    # The first host answers 503 (its queue is full): both streams go to the second.
+    streams.append(Stream(url, "tiny"))
+    streams[2].first_token.wait(60)
+    streams.append(Stream(url, "tiny"))
+    rows = wait_rows(client, "tiny:latest", 2, 2)
+    results["spilled_ps"] = rows
+    results["spill_metrics"] = client.get("/metrics").text
+    results["server_pids"] = {replica: server_pid(host) for replica, host in two.items()}
+    save()
+
+    # The first client leaves: the stream queued behind it gets the slot.
+    streams[0].leave()
+    streams[0].join()
+    streams[1].first_token.wait(30)
+    results["slot_freed_seconds"] = streams[1].first_token_at - streams[0].left_at
+    save()
+
+
+def scale_down(
+    client: httpx.Client, two: dict[str, str], results: dict[str, Any], save: Any
+) -> None:
+    """Once every stream has ended the fleet shrinks to one host, the other's server gone."""
+    start = time.monotonic()
+    one = next((h for h in watch_hosts(client, SCALE_DOWN_WAIT) if len(h) == 1), None)
     results["scale_down_seconds"] = time.monotonic() - start if one else None
     save()
     if one is not None:
         removed = next(replica for replica in two if replica not in one)
-        pid = pids[removed]
+        pid = results["server_pids"][removed]
         gone = pid is None or not wait_gone(pid, 30)
         results["removed_host"] = {"replica": removed, "pid": pid, "server_gone": gone}
-    rc, out, seconds = fleet(env, "down")
-    results["down_autoscaled"] = {"rc": rc, "output": out, "seconds": seconds}
-    results["serve_left_autoscaled"] = [p.pid for p in serve_processes()]
-    results["runners_left"] = [
-        p.pid for p in psutil.process_iter(["cmdline"])
-        if (p.info["cmdline"] or [])[1:3] == ["-m", "ollamatrio.runner"]
-    ]  # fmt: skip
-    results["runner_folders_left"] = sorted(p.name for p in runner_tmp.iterdir())
-    results["replicas_left_autoscaled"] = replica_processes()
-    save()
+        save()
+
+
+def serve_log_tail(lines: int = 40) -> list[str]:
+    """The last lines of Serve's controller log in this run's Ray session."""
+    logs = sorted(Path(RAY_TEMP).glob("session_*/logs/serve/controller_*.log"))
+    return logs[-1].read_text(errors="replace").splitlines()[-lines:] if logs else []
 
 
 def leftovers() -> list[str]:
@@ -426,22 +477,33 @@ def main() -> None:
         results_path.write_text(json.dumps(results))
 
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    env = environment(models)
-    temp = tempfile.mkdtemp(prefix="ofr-", dir="/tmp")  # Ray's socket paths must be short
+    home = tempfile.mkdtemp(prefix="ofh-")
+    env = environment(models, home)
+    global RAY_TEMP
+    # Each node's own (short: Ray's socket paths) folder, not the machine's shared /tmp/ray.
+    temp = RAY_TEMP = tempfile.mkdtemp(prefix="ofr-", dir="/tmp")
+    worker_temp = tempfile.mkdtemp(prefix="ofw-", dir="/tmp")
     nodes: list[subprocess.Popen[str]] = []
     start = time.monotonic()
     head = None
     try:
         # The worker waits for the head's GCS: both start at once.
-        starting = threading.Thread(
-            target=lambda: nodes.append(start_node(["--address=127.0.0.1:6379"], env))
-        )
+        failed: list[str] = []
+
+        def start_worker() -> None:
+            try:
+                nodes.append(start_node(["--address=127.0.0.1:6379",
+                                         f"--temp-dir={worker_temp}"], env))  # fmt: skip
+            except Exception as exc:
+                failed.append(str(exc)[-2000:])
+
+        starting = threading.Thread(target=start_worker)
         starting.start()
         head = start_node(["--head", "--port=6379", "--include-dashboard=false",
                            f"--temp-dir={temp}"], env)  # fmt: skip
         starting.join()
         if not nodes:
-            raise RuntimeError("the second Ray node did not start")
+            raise RuntimeError(f"the second Ray node did not start: {failed}")
         results["cluster_seconds"] = time.monotonic() - start
         save()
         scenarios(env, results, save, results_path.parent)
@@ -454,6 +516,8 @@ def main() -> None:
         results["left_after_teardown"] = leftovers()
         results["total_seconds"] = time.monotonic() - start
         save()
+        for folder in (temp, worker_temp, home):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
