@@ -119,7 +119,11 @@ async def test_disconnect_frees_the_llama_cpp_slot(api_server, smollm2_path: Pat
             }
             async with c.stream("POST", "/api/generate", json=body) as r:
                 seen = 0
-                async for line in r.aiter_lines():
+                # Held until the block ends: an iterator left to the garbage collector is
+                # closed by Trio's finalizer a moment later, which closes the connection
+                # (llama.cpp then stops decoding, before the check below could see it run).
+                lines = r.aiter_lines()
+                async for line in lines:
                     obj = json.loads(line)
                     assert "error" not in obj
                     if "load_progress" in obj:  # the load, before any token
@@ -129,10 +133,11 @@ async def test_disconnect_frees_the_llama_cpp_slot(api_server, smollm2_path: Pat
                         break
                 engine = runner_of(srv, "smol:latest")
                 # The precondition: the runner is generating.  llama.cpp's own decode counter
-                # says so (its /slots has answered "idle" mid-generation in full-suite runs).
-                with trio.fail_after(2):
+                # says so (within a decode step: seconds when busy processes share the CPU).
+                with trio.fail_after(30):
                     await decode_advances(engine)
             disconnected = trio.current_time()
+            await lines.aclose()  # the connection is already closed: nothing left to do
             with trio.fail_after(0.5):
                 runner = srv.scheduler.runner(engine.spec.model_path)
                 await runner.wait_until(lambda: runner.refs == 0)

@@ -192,7 +192,9 @@ async def test_a_saturated_host_spills_to_the_next_and_is_skipped_while_full(
                 with scopes[index]:
                     async with client.stream("POST", "/api/generate", json=long) as response:
                         assert response.status_code == 200
-                        await first_token(response.aiter_lines())
+                        # Held: a dropped iterator's finalizer would close the connection.
+                        lines = response.aiter_lines()
+                        await first_token(lines)
                         streaming_send.send_nowait(index)
                         await trio.sleep_forever()
 
