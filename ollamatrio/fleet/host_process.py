@@ -73,7 +73,10 @@ class HostProcess:
         self.pid = self.proc.pid
         # Inherited from whoever started it: a Ray worker runs at niceness 15 unless the node
         # was started with RAY_worker_niceness=0 (docs/fleet.md), and cannot undo that.
-        self.niceness = os.getpriority(os.PRIO_PROCESS, self.pid)
+        try:
+            self.niceness = os.getpriority(os.PRIO_PROCESS, self.pid)
+        except ProcessLookupError:  # it has died already: what it inherited, ours
+            self.niceness = os.getpriority(os.PRIO_PROCESS, 0)
         self._output = threading.Thread(
             target=_forward, args=(self.proc.stderr, f"[serve {self.pid}]"), daemon=True
         )
