@@ -156,7 +156,7 @@ def test_the_host_process_reports_the_niceness_it_inherited(tmp_path: Path) -> N
         timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert int(done.stdout) == os.nice(0) + 7
+    assert int(done.stdout) == min(os.nice(0) + 7, 19)  # 19: the most a process can be niced
 
 
 def test_fleet_up_and_status_warn_when_hosts_run_niced() -> None:
