@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ollamatrio.api import anthropic_wire as wire
-from ollamatrio.api.anthropic_stream import MessageEvents
+from ollamatrio.api.anthropic import wire
+from ollamatrio.api.anthropic.stream import MessageEvents
 from ollamatrio.errors import InvalidRequestError
 from ollamatrio.generation.answer import Answer
 from ollamatrio.generation.relay import Timings

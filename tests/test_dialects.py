@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from ollamatrio.api import native_wire
-from ollamatrio.api import openai_wire as oai
-from ollamatrio.api.native_stream import ChatLines, GenerateLines
-from ollamatrio.api.openai_stream import ChatEvents
+from ollamatrio.api.native import wire as native_wire
+from ollamatrio.api.native.stream import ChatLines, GenerateLines
+from ollamatrio.api.openai import wire as oai
+from ollamatrio.api.openai.stream import ChatEvents
 from ollamatrio.api.pipeline import Embedded
 from ollamatrio.errors import InvalidRequestError
 from ollamatrio.generation.answer import Answer, Fold

@@ -23,7 +23,7 @@ FLOORS: list[list[str]] = [
     ["config", "gguf", "modelfile", "template"],
     ["log", "devices", "memory", "model_info", "slot_cache"],
     ["runner"],  # the child process: facts and records only
-    ["engines", "store", "response_store"],
+    ["engines", "store"],
     ["model_config", "testing"],
     ["scheduler"],
     ["generation"],  # the typed core every dialect shares: lease + stream, load lines

@@ -21,7 +21,7 @@ import pytest
 import trio
 from helpers.scripted import ScriptedEngines
 
-from ollamatrio.api import openai_wire as wire
+from ollamatrio.api.openai import wire
 from ollamatrio.engines.simulated import (
     SimulatedBehaviour,
 )

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from ollamatrio.api import responses_wire as wire
+from ollamatrio.api.responses import wire
+from ollamatrio.api.responses.store import ResponseStore
 from ollamatrio.config import Settings
 from ollamatrio.errors import InvalidRequestError, ResponseNotFoundError
 from ollamatrio.generation.answer import Answer
 from ollamatrio.generation.relay import Timings
 from ollamatrio.generation.requests import Message, ToolCall
-from ollamatrio.response_store import ResponseStore
 
 PNG = "iVBORw0KGgo="
 CALL = {
@@ -254,7 +254,7 @@ def test_store_retention_and_pruning(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with sqlite3.connect(store.path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     later = time.time() + 61
-    monkeypatch.setattr("ollamatrio.response_store.time.time", lambda: later)
+    monkeypatch.setattr("ollamatrio.api.responses.store.time.time", lambda: later)
     with pytest.raises(ResponseNotFoundError):
         store.get("resp_a")  # expired: gone before it is pruned
     assert store.prune() == 1

@@ -15,8 +15,10 @@ import anthropic
 import pytest
 import trio
 
-from ollamatrio.api import anthropic_wire, openai_wire, responses_wire
-from ollamatrio.api.billing_header import is_billing_block
+from ollamatrio.api.anthropic.billing_header import is_billing_block
+from ollamatrio.api.anthropic import wire as anthropic_wire
+from ollamatrio.api.openai import wire as openai_wire
+from ollamatrio.api.responses import wire as responses_wire
 from ollamatrio.engines import llamacpp_wire
 from ollamatrio.engines.process import ProcessEngineFactory
 from ollamatrio.generation.requests import ChatRequest, Message

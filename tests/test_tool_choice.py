@@ -16,7 +16,9 @@ import pytest
 import trio
 from helpers.templates import TOOLS_CHATML
 
-from ollamatrio.api import anthropic_wire, openai_wire, responses_wire
+from ollamatrio.api.anthropic import wire as anthropic_wire
+from ollamatrio.api.openai import wire as openai_wire
+from ollamatrio.api.responses import wire as responses_wire
 from ollamatrio.engines import llamacpp_wire
 from ollamatrio.engines.llamacpp_wire import ChatStream
 from ollamatrio.engines.process import ProcessEngineFactory

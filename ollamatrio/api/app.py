@@ -19,15 +19,17 @@ from ..http.drain import Drain
 from ..http.host_guard import allowed_host, is_loopback_bind
 from ..observability.events import EventsRoute
 from ..observability.metrics import CLIENT_CLOSED, CONTENT_TYPE, OTHER_ENDPOINT, ServerMetrics
-from ..response_store import FILE_NAME as RESPONSES_FILE
-from ..response_store import ResponseStore
 from ..scheduler import Scheduler
 from ..store import ModelStore
+from .answers import empty_response
 from .errors import response_for
 from .models import ApiContext
-from .native import OllamaApi, empty_response
-from .openai import OpenAiApi, openai_error_response
-from .responses import ResponsesApi, prune_forever
+from .native.handlers import OllamaApi
+from .openai.errors import openai_error_response
+from .openai.handlers import OpenAiApi
+from .responses.handlers import ResponsesApi, prune_forever
+from .responses.store import FILE_NAME as RESPONSES_FILE
+from .responses.store import ResponseStore
 from .routes import GenerationRoutes
 
 log = logging.getLogger(__name__)

@@ -23,11 +23,11 @@ from ..errors import (
 from ..gguf import ArraySummary, GGUFInfo
 from ..model_info import read_model_info
 from ..modelfile import Message, Modelfile, render_modelfile, render_parameters
-from ..response_store import ResponseStore
 from ..scheduler import ModelRequest, Scheduler
 from ..store import Model, ModelStore, parse_name
 from ..template.gotemplate import is_go_template
 from ..wire import rfc3339
+from .responses.store import ResponseStore
 
 if TYPE_CHECKING:
     from ..observability.metrics import ServerMetrics

@@ -40,27 +40,23 @@ from ..http.cors import OriginPolicy, cors_answer
 from ..http.drain import Drain
 from ..observability.metrics import CLIENT_CLOSED
 from ..wire import JSON, SSE, SSE_DONE, ndjson_line
-from . import (
-    anthropic_wire,
-    blob_upload,
-    native_wire,
-    openai_wire,
-    pipeline,
-    progress,
-    responses_wire,
-)
-from .anthropic import PATHS as ANTHROPIC_PATHS
-from .anthropic import anthropic_error_response
-from .anthropic_stream import MessageEvents
+from . import blob_upload, pipeline, progress
+from .answers import json_response, v1_json_response
+from .anthropic import wire as anthropic_wire
+from .anthropic.errors import PATHS as ANTHROPIC_PATHS
+from .anthropic.errors import anthropic_error_response
+from .anthropic.stream import MessageEvents
 from .errors import response_for
 from .models import ApiContext
-from .native import json_response, v1_json_response
-from .native_stream import ChatLines, GenerateLines
-from .openai import openai_error_response
-from .openai_stream import ChatEvents, CompletionEvents
+from .native import wire as native_wire
+from .native.stream import ChatLines, GenerateLines
+from .openai import wire as openai_wire
+from .openai.errors import openai_error_response
+from .openai.stream import ChatEvents, CompletionEvents
 from .progress import Progress, ProgressLines
 from .requests import MAX_JSON_BODY, decode_json_object
-from .responses_stream import ResponseEvents
+from .responses import wire as responses_wire
+from .responses.stream import ResponseEvents
 
 log = logging.getLogger(__name__)
 

@@ -35,10 +35,11 @@ from typing import Any, Final
 import orjson
 import trio
 
-from ..api import anthropic_wire, openai_wire
-from ..api.anthropic_stream import MessageEvents
-from ..api.native_stream import GenerateLines
-from ..api.openai_stream import ChatEvents
+from ..api.anthropic import wire as anthropic_wire
+from ..api.anthropic.stream import MessageEvents
+from ..api.native.stream import GenerateLines
+from ..api.openai import wire as openai_wire
+from ..api.openai.stream import ChatEvents
 from ..api.requests import MAX_JSON_BODY
 from ..config import Settings
 from ..http.front import serve_http

@@ -147,9 +147,7 @@ class FleetGatewayImpl:
     def _in_trio(self, fn: Any, *args: Any) -> Any:
         return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
 
-    def register(
-        self, url: str, replica: str, node: str, niceness: int | None = None
-    ) -> None:
+    def register(self, url: str, replica: str, node: str, niceness: int | None = None) -> None:
         """A host replica says it exists (at start and at each of its health checks)."""
 
         def add() -> None:

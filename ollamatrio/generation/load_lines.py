@@ -2,7 +2,7 @@
 
 Before the first token, such a stream carries lines that say how far the load has got; what
 a line looks like is the dialect's (the native streams write theirs with
-:meth:`~ollamatrio.api.native_stream.GenerateLines.load_line`), handed in as a
+:meth:`~ollamatrio.api.native.stream.GenerateLines.load_line`), handed in as a
 :data:`LoadLine`.  The response starts only when a load is really needed, before the first
 line; a request that finds its model loaded pays nothing: no subscription, no task.
 

@@ -7,8 +7,8 @@ client once per wake-up and a token that arrives alone is written at once.  The 
 :class:`Generation` feeds every format: native NDJSON (``/api/generate``, ``/api/chat``),
 OpenAI server-sent events (``/v1/completions``, ``/v1/chat/completions``) and the folded
 single object of ``"stream": false`` (:mod:`.answer`).  Errors stay exceptions until an
-encoder writes them.  The encoders live with their dialects: :mod:`ollamatrio.api.native_stream`
-and :mod:`ollamatrio.api.openai_stream`.
+encoder writes them.  The encoders live with their dialects: :mod:`ollamatrio.api.native.stream`
+and :mod:`ollamatrio.api.openai.stream`.
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..generation.relay import Generation
-from ..types import Chunk, ToolCall
-from ..wire import SSE, json_bytes
-from . import anthropic_wire as wire
+from ...generation.relay import Generation
+from ...types import Chunk, ToolCall
+from ...wire import SSE, json_bytes
+from . import wire
 
 
 def event(kind: str, data: dict[str, Any]) -> bytes:

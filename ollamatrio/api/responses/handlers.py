@@ -10,11 +10,11 @@ import logging
 import trio
 from quart import Quart, Response, request
 
-from ..errors import InvalidRequestError, ResponseNotFoundError
-from ..response_store import ResponseStore
-from . import responses_wire as wire
-from .native import v1_json_response
-from .openai import openai_errors
+from ...errors import InvalidRequestError, ResponseNotFoundError
+from ..answers import v1_json_response
+from ..openai.errors import openai_errors
+from . import wire
+from .store import ResponseStore
 
 log = logging.getLogger(__name__)
 

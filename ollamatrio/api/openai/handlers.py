@@ -10,38 +10,14 @@ OpenAI objects or server-sent events.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 from quart import Quart, Response, request
 
-from . import openai_wire as wire
-from . import pipeline
-from .errors import response_for
-from .models import ApiContext
-from .native import v1_json_response
-from .requests import read_json
-
-Handler = Callable[..., Awaitable[Response]]
-
-
-def openai_error_response(exc: BaseException) -> Response:
-    """The OpenAI-shaped error response for ``exc`` (statuses as on the native routes)."""
-    return response_for(exc, wire.error_object)
-
-
-def openai_errors(handler: Handler) -> Handler:
-    """Answer any error raised by ``handler`` (before its body streams) in OpenAI's shape."""
-
-    @functools.wraps(handler)
-    async def wrapper(*args: Any, **kwargs: Any) -> Response:
-        try:
-            return await handler(*args, **kwargs)
-        except Exception as exc:  # trio.Cancelled is a BaseException: it passes
-            return openai_error_response(exc)
-
-    return wrapper
+from .. import pipeline
+from ..answers import v1_json_response
+from ..models import ApiContext
+from ..requests import read_json
+from . import wire
+from .errors import Handler, openai_errors
 
 
 class OpenAiApi:

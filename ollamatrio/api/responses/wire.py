@@ -18,13 +18,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidRequestError
-from ..generation.answer import Answer
-from ..generation.relay import Timings
-from ..generation.requests import ChatRequest, Format, Message, Think, ToolCall
-from . import openai_wire
-from .requests import check_option, get_bool, get_keep_alive, get_model, get_str
-from .tool_choice import responses_tool_choice
+from ...errors import InvalidRequestError
+from ...generation.answer import Answer
+from ...generation.relay import Timings
+from ...generation.requests import ChatRequest, Format, Message, Think, ToolCall
+from ..openai import wire as openai_wire
+from ..requests import check_option, get_bool, get_keep_alive, get_model, get_str
+from ..tool_choice import responses_tool_choice
 
 
 @dataclass(frozen=True)

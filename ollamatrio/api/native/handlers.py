@@ -16,35 +16,19 @@ from typing import Any
 import trio
 from quart import Quart, Response, request
 
-from .._version import OLLAMA_API_VERSION, __version__
-from ..errors import InvalidRequestError, ModelNotFoundError
-from ..slot_cache import SlotCache
-from ..store import parse_digest
-from ..wire import JSON, JSON_UTF8, json_bytes, rfc3339, rfc3339_from_timestamp
-from . import native_wire, pipeline
-from .errors import error_response
-from .models import ApiContext, show
-from .requests import get_bool, get_model, get_str, read_json
+from ..._version import OLLAMA_API_VERSION, __version__
+from ...errors import InvalidRequestError, ModelNotFoundError
+from ...slot_cache import SlotCache
+from ...store import parse_digest
+from ...wire import rfc3339, rfc3339_from_timestamp
+from .. import pipeline
+from ..answers import empty_response, json_response
+from ..errors import error_response
+from ..models import ApiContext, show
+from ..requests import get_bool, get_model, get_str, read_json
+from . import wire as native_wire
 
 log = logging.getLogger(__name__)
-
-
-def json_response(obj: Any, status: int = 200, content_type: str = JSON_UTF8) -> Response:
-    """A JSON answer; native ones say their charset, as Gin's ``c.JSON`` (``/v1`` pass
-    :data:`~ollamatrio.wire.JSON`)."""
-    return Response(json_bytes(obj), status=status, content_type=content_type)
-
-
-def v1_json_response(obj: Any, status: int = 200) -> Response:
-    """A ``/v1`` JSON answer (OpenAI, Anthropic): no charset, as Ollama's middleware."""
-    return json_response(obj, status, JSON)
-
-
-def empty_response(status: int = 200) -> Response:
-    """No body and, as Ollama's ``c.Status``, no Content-Type (Quart would say text/html)."""
-    response = Response(b"", status=status)
-    del response.headers["Content-Type"]
-    return response
 
 
 # -- handlers --------------------------------------------------------------------------

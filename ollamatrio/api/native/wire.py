@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InvalidRequestError
-from ..generation.answer import Answer
-from ..generation.relay import Timings
-from ..generation.requests import ChatRequest, EmbedRequest, GenerateRequest, Message, ToolCall
-from ..wire import ns, rfc3339
-from .pipeline import Embedded
-from .requests import (
+from ...errors import InvalidRequestError
+from ...generation.answer import Answer
+from ...generation.relay import Timings
+from ...generation.requests import ChatRequest, EmbedRequest, GenerateRequest, Message, ToolCall
+from ...wire import ns, rfc3339
+from ..pipeline import Embedded
+from ..requests import (
     get_bool,
     get_format,
     get_int,

@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 
 import orjson
 
-from ..generation.relay import Generation
-from ..types import Chunk
-from ..wire import NDJSON, json_bytes, rfc3339, rfc3339_now
-from .native_wire import timings
+from ...generation.relay import Generation
+from ...types import Chunk
+from ...wire import NDJSON, json_bytes, rfc3339, rfc3339_now
+from .wire import timings
 
 # -- native NDJSON -----------------------------------------------------------------------
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from quart import Response
 
-from . import anthropic_wire as wire
-from .errors import response_for
+from ..errors import response_for
+from . import wire
 
 # The routes whose errors take this shape.
 PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})

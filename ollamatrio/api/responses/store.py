@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ResponseNotFoundError
+from ...errors import ResponseNotFoundError
 
 FILE_NAME = "responses.sqlite3"
 DEFAULT_TTL = 30 * 24 * 3600.0  # seconds: OpenAI keeps stored responses for 30 days

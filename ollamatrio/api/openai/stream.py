@@ -9,10 +9,10 @@ from typing import Any
 
 import orjson
 
-from ..generation.relay import Generation
-from ..types import Chunk
-from ..wire import SSE, SSE_DONE, json_bytes
-from . import openai_wire as oai
+from ...generation.relay import Generation
+from ...types import Chunk
+from ...wire import SSE, SSE_DONE, json_bytes
+from . import wire as oai
 
 # -- OpenAI server-sent events -----------------------------------------------------------
 

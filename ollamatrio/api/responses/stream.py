@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..generation.answer import Answer, Fold
-from ..generation.relay import Generation
-from ..types import Chunk, ToolCall, ToolCallDelta
-from ..wire import SSE, json_bytes
-from . import openai_wire
-from . import responses_wire as wire
+from ...generation.answer import Answer, Fold
+from ...generation.relay import Generation
+from ...types import Chunk, ToolCall, ToolCallDelta
+from ...wire import SSE, json_bytes
+from ..openai import wire as openai_wire
+from . import wire
 
 
 class ResponseEvents:

@@ -21,12 +21,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidRequestError
-from ..generation.answer import Answer
-from ..generation.requests import ChatRequest, Message, Think, ToolCall
+from ...errors import InvalidRequestError
+from ...generation.answer import Answer
+from ...generation.requests import ChatRequest, Message, Think, ToolCall
+from ..requests import check_option, get_bool, get_model, get_str, merge_options
+from ..tool_choice import anthropic_tool_choice
 from .billing_header import without_billing_block
-from .requests import check_option, get_bool, get_model, get_str, merge_options
-from .tool_choice import anthropic_tool_choice
 
 # Anthropic's error types by HTTP status (its documented table); anything else is api_error.
 _ERROR_TYPES: Mapping[int, str] = {

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from ..errors import InvalidRequestError
-from ..generation.answer import Answer
-from ..generation.relay import Timings
-from ..generation.requests import (
+from ...errors import InvalidRequestError
+from ...generation.answer import Answer
+from ...generation.relay import Timings
+from ...generation.requests import (
     ChatRequest,
     EmbedRequest,
     Format,
@@ -32,8 +32,8 @@ from ..generation.requests import (
     Think,
     ToolCall,
 )
-from ..wire import json_bytes
-from .requests import (
+from ...wire import json_bytes
+from ..requests import (
     check_option,
     get_bool,
     get_int,
@@ -46,7 +46,7 @@ from .requests import (
     loads,
     merge_options,
 )
-from .tool_choice import openai_tool_choice
+from ..tool_choice import openai_tool_choice
 
 SYSTEM_FINGERPRINT = "fp_ollama"
 
