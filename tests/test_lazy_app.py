@@ -15,7 +15,7 @@ import httpx
 import trio
 
 from ollamatrio._version import OLLAMA_API_VERSION, __version__
-from ollamatrio.api.lazy import STREAM_PATHS, LazyApp
+from ollamatrio.api.lazy import LazyApp
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
@@ -100,11 +100,3 @@ async def test_concurrent_first_requests_build_once_and_run_the_lifespan(tmp_pat
     assert answers == [200] * 4
 
 
-def test_stream_paths_are_the_routes_paths(tmp_path: Path) -> None:
-    """The front door learns the streamed paths from api/lazy.py without importing the
-    routes; they must be the routes' own."""
-    from ollamatrio.api.routes import GenerationRoutes
-
-    nothing: Any = None
-    routes = GenerationRoutes(nothing, nothing, nothing, nothing, False, bool, lambda: nothing)
-    assert routes.paths == list(STREAM_PATHS)

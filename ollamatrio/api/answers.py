@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from quart import Response
@@ -25,3 +26,21 @@ def empty_response(status: int = 200) -> Response:
     response = Response(b"", status=status)
     del response.headers["Content-Type"]
     return response
+
+
+async def send_response(
+    send: Callable[[dict[str, Any]], Awaitable[None]], response: Response
+) -> None:
+    """``response`` written as plain ASGI (by the routes served ahead of Quart, and by the
+    request chain), its length announced, so that a transport that writes the head at once
+    (hypercorn, the front door for a blob upload) need not send chunks."""
+    data = await response.get_data()
+    body = data if isinstance(data, bytes) else data.encode()
+    headers = [
+        (k.encode("latin-1"), v.encode("latin-1"))
+        for k, v in response.headers.items()
+        if k.lower() != "content-length"
+    ]
+    headers.append((b"Content-Length", b"%d" % len(body)))
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -3,12 +3,12 @@
 Quart, its Flask and Werkzeug underneath, the dialects and the metrics library take about a
 third of a second and 20 MiB to import, which a server that only answers ``/api/version`` (a
 service manager's or a client's liveness check) never needs.  :class:`LazyApp` is the ASGI
-app the front door serves from the start: until the real app exists it answers ``GET`` and
-``HEAD`` of ``/`` and ``/api/version`` itself (Ollama's texts, the same CORS and Host checks
-and access line as the app's), and the first other request builds the app (imported in a
-worker thread, so the loop keeps answering meanwhile) and runs its lifespan; every request
-after that goes to it.  The front door learns the streamed routes' paths and body limit from
-here without importing them (:data:`STREAM_PATHS`).
+app the front door serves from the start: the liveness routes are answered at once
+(:mod:`.liveness`), and the first other request builds the app (imported in a worker
+thread, so the loop keeps answering meanwhile) and runs its lifespan; every request after
+that goes to its routes.  Every request, before or after, goes through the same request
+chain (:mod:`.chain`) as the app's own; the front door learns which bodies to limit from the
+route table (:mod:`.table`), which imports no framework.
 """
 
 from __future__ import annotations
@@ -20,56 +20,20 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._version import OLLAMA_API_VERSION, __version__
 from ..config import Settings
-from ..http.cors import OriginPolicy, cors_answer
 from ..http.drain import Drain
-from ..http.host_guard import allowed_host, is_loopback_bind
-from ..wire import JSON_UTF8, json_bytes
-from .requests import MAX_JSON_BODY
+from .chain import Chain, request_state
+from .liveness import answer_liveness
+from .table import BodyLimits, Way
 
 if TYPE_CHECKING:
+    from ..observability.metrics import ServerMetrics
     from ..scheduler import Scheduler
     from ..store import ModelStore
 
 log = logging.getLogger(__name__)
 
-# The paths api/routes.py serves ahead of Quart (all POST); a test holds the two equal.
-STREAM_PATHS: tuple[str, ...] = (
-    "/api/generate", "/api/chat", "/v1/completions", "/v1/chat/completions", "/v1/responses",
-    "/v1/messages", "/v1/messages/count_tokens", "/api/pull", "/api/create",
-)  # fmt: skip
-
 _APP_MODULE = "ollamatrio.api.app"
-
-
-def _liveness_answer(path: str) -> tuple[bytes, bytes] | None:
-    """The body and content type of the two answers that need no app, or None."""
-    if path == "/":
-        return b"Ollama is running", b"text/plain; charset=utf-8"
-    if path == "/api/version":
-        body = json_bytes({"version": OLLAMA_API_VERSION, "ollamatrio": __version__})
-        return body, JSON_UTF8.encode()
-    return None
-
-
-class _StreamRoutes:
-    """The front door's view of the streamed routes (``http/front.py`` ``StreamRoutes``)."""
-
-    def __init__(self, owner: LazyApp) -> None:
-        self._owner = owner
-
-    @property
-    def paths(self) -> list[str]:
-        return list(STREAM_PATHS)
-
-    @property
-    def body_limit(self) -> int:
-        return MAX_JSON_BODY
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        app = await self._owner.app()
-        await app.stream_routes(scope, receive, send)
 
 
 class LazyApp:
@@ -80,9 +44,8 @@ class LazyApp:
         self._store = store
         self._settings = settings
         self.drain = Drain()  # serve() cuts it when shutdown's grace period ends
-        self.stream_routes = _StreamRoutes(self)
-        self._origins = OriginPolicy.from_origins(settings.origins)
-        self._guard_hosts = is_loopback_bind(settings.host)
+        self.body_limits = BodyLimits()  # what the front door limits before reading
+        self._chain = Chain(self._dispatch, settings, self.drain, self._metrics)
         self._app: Any = None
         self._built: trio.Event | None = None
         self._error: BaseException | None = None
@@ -160,33 +123,17 @@ class LazyApp:
         if scope["type"] == "lifespan":
             await self._lifespan(scope, receive, send)
             return
-        if self._app is None and scope["type"] == "http" and scope["method"] in ("GET", "HEAD"):
-            answer = _liveness_answer(scope["path"])
-            if answer is not None:
-                await self._answer(scope, send, *answer)
-                return
-        app = await self.app()
-        await app(scope, receive, send)
+        await self._chain(scope, receive, send)
 
-    async def _answer(self, scope: Any, send: Any, body: bytes, content_type: bytes) -> None:
-        """A liveness answer as the app gives it: CORS first, then the Host guard."""
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        host = headers.get("host", "")
-        cors = cors_answer(headers.get("origin"), host, scope["method"], self._origins)
-        status = cors.status
-        if status is None and self._guard_hosts and not allowed_host(host):
-            status = 403
-        if status is not None:
-            body, content_type = b"", b"text/html; charset=utf-8"
-        extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in cors.headers]
-        log.info("%s %s %d", scope["method"], scope["path"], status or 200,
-                 extra={"client": (scope.get("client") or ("",))[0]})  # fmt: skip
-        await send({
-            "type": "http.response.start", "status": status or 200,
-            "headers": [
-                (b"content-type", content_type), (b"content-length", b"%d" % len(body)), *extra,
-            ],
-        })  # fmt: skip
-        await send(
-            {"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body}
-        )
+    async def _dispatch(self, scope: Any, receive: Any, send: Any) -> None:
+        """Inside the chain: a liveness route at once, anything else to the app's routes."""
+        route = request_state(scope).route
+        if route is not None and route.way is Way.LIVENESS:
+            await answer_liveness(scope, send)
+            return
+        app = await self.app()
+        await app.dispatch(scope, receive, send)
+
+    def _metrics(self) -> ServerMetrics | None:
+        """The app's request metrics, once it exists (requests before are not counted)."""
+        return None if self._app is None else self._app.ctx.metrics

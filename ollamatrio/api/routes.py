@@ -1,296 +1,107 @@
-"""The generation routes and the progress streams as plain ASGI, in front of the Quart app.
+"""The streamed routes as plain ASGI, ahead of the Quart views.
 
-``POST /api/generate``, ``/api/chat``, ``/v1/completions`` and ``/v1/chat/completions`` carry
-every token, so they skip Quart's request and response machinery: one task per request
-reads the body, runs the same parsing and model checks as the Quart views, and then owns
-the generation (lease and engine stream) in an ``async with`` for exactly as long as it
-writes the response, one write per engine wake-up.  A watcher in the request's nursery
-cancels it when the client disconnects, which returns the lease and closes the runner
-connection (llama.cpp stops generating); shutdown's cut ends it the same way, with a last
-error line.  ``POST /api/pull`` and ``/api/create`` stream their progress the same way
-(api/progress.py).  ``POST /api/blobs/<digest>`` is served here too, so that its body is
-pulled piece by piece as the disk takes it (api/blob_upload.py), never queued by Quart.
-Everything else goes to Quart unchanged.
+``POST /api/generate``, ``/api/chat`` and the ``/v1`` generations carry every token, so they
+skip Quart's request and response machinery: one task per request reads the body, has the
+dialect's handler plan it (:mod:`.plan`), and then owns the generation (lease and engine
+stream) in an ``async with`` for exactly as long as it writes the response, one write per
+engine wake-up.  A watcher in the request's nursery cancels it when the client disconnects,
+which returns the lease and closes the runner connection (llama.cpp stops generating).
+``POST /api/pull`` and ``/api/create`` stream their progress the same way
+(:mod:`.progress`), and ``POST /api/blobs/<digest>`` is served here too, so that its body is
+pulled piece by piece as the disk takes it (:mod:`.blob_upload`), never queued by Quart.
+
+What holds for every request (admission, the drain, the error shape, the access line and
+metrics) is the chain's (:mod:`.chain`): an error raised here before the answer begins is
+answered there in the route's dialect, and a stream cut short ends there with the last
+words it registered (:attr:`~.chain.RequestState.last_words`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 from quart import Response
 
-from ..errors import (
-    InvalidRequestError,
-    OllamatrioError,
-    RequestTooLargeError,
-    ServerShuttingDownError,
-)
-from ..generation.answer import Answer, Fold
-from ..generation.completion import chat_completion, generate_completion
-from ..generation.load_lines import LoadAnnouncement, LoadLine, announcing_load
-from ..generation.relay import Encoder, Generation, open_generation
-from ..generation.requests import ChatRequest, GenerateRequest
-from ..http.asgi import ANSWERED, ASGIApp
-from ..http.cors import OriginPolicy, cors_answer
-from ..http.drain import Drain
-from ..observability.metrics import CLIENT_CLOSED
-from ..wire import JSON, SSE, SSE_DONE, ndjson_line
-from . import blob_upload, pipeline, progress
-from .answers import json_response, v1_json_response
-from .anthropic import wire as anthropic_wire
-from .anthropic.errors import PATHS as ANTHROPIC_PATHS
-from .anthropic.errors import anthropic_error_response
-from .anthropic.stream import MessageEvents
-from .errors import response_for
+from ..errors import RequestTooLargeError
+from ..generation.answer import Fold
+from ..generation.load_lines import announcing_load
+from ..generation.relay import Generation
+from ..wire import JSON, ndjson_line
+from . import blob_upload, progress
+from .answers import json_response, send_response, v1_json_response
+from .anthropic import handlers as anthropic
+from .chain import RequestState, request_state
 from .models import ApiContext
-from .native import wire as native_wire
-from .native.stream import ChatLines, GenerateLines
-from .openai import wire as openai_wire
-from .openai.errors import openai_error_response
-from .openai.stream import ChatEvents, CompletionEvents
+from .native import handlers as native
+from .openai import handlers as openai
+from .plan import Plan, Planner
 from .progress import Progress, ProgressLines
 from .requests import MAX_JSON_BODY, decode_json_object
-from .responses import wire as responses_wire
-from .responses.stream import ResponseEvents
+from .responses import handlers as responses
+from .table import Dialect
 
-log = logging.getLogger(__name__)
+
+async def _progress(events: Progress) -> Plan:
+    return Plan(progress=events)
+
 
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 
-
-@dataclass
-class Plan:
-    """What a generation route decided: answer at once (``response``), or run a generation
-    and stream it with ``encoder`` or fold it into one answer and ``render`` that."""
-
-    response: Response | None = None
-    generation: AbstractAsyncContextManager[Generation] | None = None  # open_generation(...)
-    encoder: Encoder | None = None
-    render: Callable[[Answer], dict[str, Any]] | None = None  # the folded answer's object
-    announce: LoadAnnouncement | None = None  # native streams: progress lines while loading
-    progress: Progress | None = None  # pull, create: their progress events
-    # Awaited with the folded answer once the generation is over, before the last bytes
-    # are written (/v1/responses stores its response there).
-    finish: Callable[[Answer], Awaitable[None]] | None = None
+# Each streamed JSON route's handler; a test holds them to the route table.
+PLANNERS: dict[str, Planner] = {
+    "/api/generate": native.generate,
+    "/api/chat": native.chat,
+    "/v1/completions": openai.completions,
+    "/v1/chat/completions": openai.chat_completions,
+    "/v1/responses": responses.responses,
+    "/v1/messages": anthropic.messages,
+    "/v1/messages/count_tokens": anthropic.count_tokens,
+    "/api/create": lambda ctx, body, started: _progress(progress.create(ctx, body)),
+}
+_PULL = "/api/pull"
 
 
-def _v1_answer(obj: dict[str, Any], stream: bool) -> Response:
-    """A ``/v1`` object answered at once: JSON, or one event and ``[DONE]`` to a stream."""
-    if stream:
-        return Response(openai_wire.sse_event(obj) + SSE_DONE, content_type=SSE)
-    return v1_json_response(obj)
+class StreamRoutes:
+    """ASGI: the table's streamed routes (the chain has found the route).  ``nursery``
+    gives the app's nursery, where pulls run."""
 
-
-class LastWords(Protocol):
-    """What a stream cut short ends with (an encoder's error line or event)."""
-
-    def error(self, message: str, status: int) -> bytes: ...
-
-
-class GenerationRoutes:
-    """ASGI app: the four generation routes and the two progress streams here, everything
-    else to ``app``.  ``nursery`` gives the app's nursery, where pulls run."""
-
-    def __init__(
-        self, app: ASGIApp, ctx: ApiContext, drain: Drain, origins: OriginPolicy,
-        guard_hosts: bool, allowed_host: Callable[[str], bool],
-        nursery: Callable[[], trio.Nursery],
-    ) -> None:  # fmt: skip
-        self.app = app
-        self._nursery = nursery
+    def __init__(self, ctx: ApiContext, nursery: Callable[[], trio.Nursery]) -> None:
         self.ctx = ctx
-        self.drain = drain
-        self._origins = origins
-        self._guard_hosts = guard_hosts
-        self._allowed_host = allowed_host
-        self._routes: dict[str, tuple[Callable[[dict[str, Any], float], Awaitable[Plan]], bool]] = {
-            "/api/generate": (self._generate, False),
-            "/api/chat": (self._chat, False),
-            "/v1/completions": (self._completions, True),
-            "/v1/chat/completions": (self._chat_completions, True),
-            "/v1/responses": (self._responses, True),
-            "/v1/messages": (self._messages, True),
-            "/v1/messages/count_tokens": (self._count_tokens, True),
-            "/api/pull": (self._pull, False),
-            "/api/create": (self._create, False),
-        }
-
-    @property
-    def paths(self) -> list[str]:
-        """The JSON routes' paths (all ``POST``), whose body the front door limits.  (Blob
-        uploads, ``POST /api/blobs/<digest>``, have no limit: they reach these routes
-        through the app like any other request.)"""
-        return list(self._routes)
-
-    @property
-    def body_limit(self) -> int:
-        """The largest JSON body these routes read (the front door refuses a larger one
-        before reading it)."""
-        return MAX_JSON_BODY
+        self._nursery = nursery
 
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
-        route = None
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path: str = scope["path"]
-            route = self._routes.get(path)
-            digest = path.removeprefix(blob_upload.PREFIX)
-            if route is None and digest != path and digest and "/" not in digest:
-                await _Exchange(self, scope, receive, send, openai=False).upload(digest)
-                return
-        if route is None:
-            await self.app(scope, receive, send)
-            return
-        await _Exchange(self, scope, receive, send, openai=route[1]).run(route[0])
-
-    # -- the routes: parse, check, plan -------------------------------------------------
-
-    async def _plan(
-        self, req: GenerateRequest | ChatRequest, started: float, *, native: bool,
-        encoder: Encoder, render: Callable[[Answer], dict[str, Any]],
-        load_line: LoadLine | None = None,
-        unloaded: Callable[[], Response] | None = None,
-    ) -> Plan:  # fmt: skip
-        """The dialect-neutral checks (model, capabilities, options), then the generation to
-        run, streamed with the dialect's ``encoder`` or folded and rendered with its
-        ``render``; a stream that must wait for a load first writes ``load_line`` lines, if
-        its dialect has them.  Native routes also answer unload (B23) and load-only (B24)
-        requests at once; ``unloaded`` answers an unload in a dialect whose requests can ask
-        for one (an empty ``/v1/completions`` prompt with ``keep_alive: 0``)."""
-        prepared = await pipeline.prepare(self.ctx, req)
-        if prepared is None:
-            if unloaded is not None:
-                return Plan(response=unloaded())
-            return Plan(response=json_response(native_wire.done_object(req, "unload")))
-        model_request = prepared.model_request
-        empty = not req.messages if isinstance(req, ChatRequest) else not (req.prompt or req.images)
-        if native and empty:
-            lease = await self.ctx.scheduler.load(model_request)
-            if self.ctx.metrics is not None:
-                self.ctx.metrics.lease_taken(lease)
-            return Plan(response=json_response(native_wire.done_object(req, "load")))
-        if isinstance(req, ChatRequest):
-            completion = chat_completion(req, prepared.model, prepared.info, model_request.options)
+        state = request_state(scope)
+        route = state.route
+        assert route is not None
+        exchange = _Exchange(self.ctx, state, receive, send)
+        if route.path == blob_upload.ENDPOINT:
+            await exchange.upload(scope["path"].removeprefix(blob_upload.PREFIX))
+        elif route.path == _PULL:
+            await exchange.run(self._pull)
         else:
-            completion = generate_completion(
-                req, prepared.model, prepared.info, model_request.options
-            )
-        generation = open_generation(self.ctx.scheduler, model_request, completion, started)
-        if req.stream:
-            announce = None
-            if load_line is not None:
-                announce = LoadAnnouncement(self.ctx.scheduler, model_request, load_line)
-            return Plan(generation=generation, encoder=encoder, announce=announce)
-        return Plan(generation=generation, render=render)
+            await exchange.run(PLANNERS[route.path])
 
-    async def _generate(self, body: dict[str, Any], started: float) -> Plan:
-        req = native_wire.generate_request(body)
-        lines = GenerateLines(req.model)
-        return await self._plan(
-            req, started, native=True, encoder=lines, load_line=lines.load_line,
-            render=lambda answer: native_wire.generate_answer(req.model, answer),
-        )  # fmt: skip
-
-    async def _chat(self, body: dict[str, Any], started: float) -> Plan:
-        req = native_wire.chat_request(body)
-        lines = ChatLines(req.model)
-        return await self._plan(
-            req, started, native=True, encoder=lines, load_line=lines.load_line,
-            render=lambda answer: native_wire.chat_answer(req.model, answer),
-        )  # fmt: skip
-
-    async def _completions(self, body: dict[str, Any], started: float) -> Plan:
-        call = openai_wire.completion_request(body)
-        model = call.core.model
-        return await self._plan(
-            call.core, started, native=False,
-            encoder=CompletionEvents(model, call.include_usage),
-            render=lambda answer: openai_wire.text_completion(model, answer),
-            unloaded=lambda: _v1_answer(openai_wire.unloaded_completion(model), call.core.stream),
-        )  # fmt: skip
-
-    async def _chat_completions(self, body: dict[str, Any], started: float) -> Plan:
-        call = openai_wire.chat_request(body)
-        model = call.core.model
-        return await self._plan(
-            call.core, started, native=False,
-            encoder=ChatEvents(model, call.include_usage),
-            render=lambda answer: openai_wire.chat_completion(model, answer),
-        )  # fmt: skip
-
-    async def _responses(self, body: dict[str, Any], started: float) -> Plan:
-        call = responses_wire.responses_call(body)
-        store = self.ctx.responses
-        history: list[dict[str, Any]] = []
-        if call.previous_response_id:
-            if store is None:
-                raise InvalidRequestError("previous_response_id needs a response store")
-            previous = await trio.to_thread.run_sync(store.get, call.previous_response_id)
-            history = previous.history()
-        req = responses_wire.chat_request(call, history)
-        draft = responses_wire.Draft(call)
-        plan = await self._plan(
-            req, started, native=False, encoder=ResponseEvents(draft),
-            render=lambda answer: responses_wire.response_object(draft, answer),
-        )  # fmt: skip
-        if call.store and store is not None:
-            conversation = [*history, *call.input]
-
-            async def keep(answer: Answer) -> None:
-                response = responses_wire.response_object(draft, answer)
-                await trio.to_thread.run_sync(store.put, response, call.input, conversation)
-
-            plan.finish = keep
-        return plan
-
-    async def _messages(self, body: dict[str, Any], started: float) -> Plan:
-        call = anthropic_wire.messages_request(body)
-        model = call.core.model
-        encoder = MessageEvents(model)
-        return await self._plan(
-            call.core, started, native=False, encoder=encoder,
-            render=lambda answer: anthropic_wire.message_object(model, answer, encoder.id),
-        )  # fmt: skip
-
-    async def _count_tokens(self, body: dict[str, Any], started: float) -> Plan:
-        req = anthropic_wire.count_tokens_request(body)
-        tokens = await pipeline.count_tokens(self.ctx, req)
-        return Plan(response=v1_json_response({"input_tokens": tokens}))
-
-    async def _pull(self, body: dict[str, Any], started: float) -> Plan:
-        return Plan(progress=progress.pull(self.ctx, self._nursery, body))
-
-    async def _create(self, body: dict[str, Any], started: float) -> Plan:
-        return Plan(progress=progress.create(self.ctx, body))
+    async def _pull(self, ctx: ApiContext, body: dict[str, Any], started: float) -> Plan:
+        return Plan(progress=progress.pull(ctx, self._nursery, body))
 
 
 class _Exchange:
-    """One request on a generation or progress route: its guard, body, plan and response."""
+    """One request on a streamed route: its body, plan and response."""
 
     def __init__(
-        self, routes: GenerationRoutes, scope: dict[str, Any], receive: ASGIReceive,
-        send: ASGISend, *, openai: bool,
-    ) -> None:  # fmt: skip
-        self.routes = routes
-        self.scope = scope
+        self, ctx: ApiContext, state: RequestState, receive: ASGIReceive, send: ASGISend
+    ) -> None:
+        self.ctx = ctx
+        self.state = state
         self.receive = receive
         self._send = send
-        self.openai = openai
-        self.status: int | None = None  # once the response has started
-        headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", ())}
-        self.origin = headers["origin"].decode("latin-1") if "origin" in headers else None
-        self.host = headers.get("host", b"").decode("latin-1")
-        self.cors_headers: list[tuple[str, str]] = []
-        self.encoder: LastWords | None = None  # once a stream has started
+        assert state.route is not None
+        self.v1 = state.route.dialect is not Dialect.NATIVE
+        self.started = False  # the response has begun
         self.generation: Generation | None = None  # once a lease is held
-        self.arrived = trio.current_time()
-        self.nursery: trio.Nursery | None = None  # the request's own, once the body is read
-        self.client_left = False  # before the answer: it closed (or half-closed) its side
 
     # -- sending ------------------------------------------------------------------------
 
@@ -299,32 +110,15 @@ class _Exchange:
     ) -> None:
         headers = [(b"content-type", content_type.encode())]
         headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
-        headers += [(k.encode(), v.encode()) for k, v in self.cors_headers]
-        self.status = status
+        self.started = True
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, data: bytes, *, more: bool = True) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": more})
 
     async def respond(self, response: Response) -> None:
-        data = await response.get_data()
-        body = data if isinstance(data, bytes) else data.encode()
-        extra = {k: v for k, v in response.headers.items() if k.lower() != "content-type"}
-        extra.pop("Content-Length", None)
-        # Announced, so that a transport that writes the head at once (hypercorn, the front
-        # door for a blob upload) need not send chunks.
-        extra["Content-Length"] = str(len(body))
-        await self.start(response.status_code, response.content_type or "", extra)
-        await self.body(body, more=False)
-
-    async def error(self, exc: BaseException) -> None:
-        if self.scope["path"] in ANTHROPIC_PATHS:
-            response = anthropic_error_response(exc)
-        elif self.openai:
-            response = openai_error_response(exc)
-        else:
-            response = response_for(exc)
-        await self.respond(response)
+        self.started = True
+        await send_response(self._send, response)
 
     # -- the exchange -------------------------------------------------------------------
 
@@ -334,8 +128,7 @@ class _Exchange:
         while True:
             message = await self.receive()
             if message["type"] == "http.disconnect":
-                self.client_left = ANSWERED not in message  # else answered (and logged) there
-                return None
+                return None  # the chain has seen whether it left or was answered
             data += message.get("body", b"")
             if len(data) > MAX_JSON_BODY:
                 raise RequestTooLargeError(f"request body exceeds {MAX_JSON_BODY} bytes")
@@ -345,95 +138,43 @@ class _Exchange:
     async def watch_disconnect(self, scope: trio.CancelScope) -> None:
         while (await self.receive())["type"] != "http.disconnect":
             pass
-        self.client_left = True
         scope.cancel()
-
-    async def run(self, route: Callable[[dict[str, Any], float], Awaitable[Plan]]) -> None:
-        try:
-            await self.exchange(route)
-        finally:
-            self.done(self.scope["path"])
-
-    def done(self, endpoint: str) -> None:
-        """The access line and the metrics, once the answer is complete (as Ollama's line,
-        with the duration), so they cost nothing before the first token."""
-        metrics = self.routes.ctx.metrics
-        if metrics is not None:
-            metrics.request_done(endpoint, self.status)
-            if self.generation is not None:
-                metrics.generation_done(self.generation)
-        # A client that left before the answer: 499, as nginx logs it and the metrics count it.
-        status = self.status or (CLIENT_CLOSED if self.client_left else None)
-        if status is not None:
-            log.info(
-                "%s %s %s %.3fs", self.scope["method"], self.scope["path"], status,
-                trio.current_time() - self.arrived,
-                extra={"client": (self.scope.get("client") or ("",))[0]},
-            )  # fmt: skip
-
-    async def guarded(self) -> bool:
-        """CORS and the DNS-rebinding guard; False when they answered (403, say)."""
-        cors = cors_answer(self.origin, self.host, "POST", self.routes._origins)
-        self.cors_headers = cors.headers
-        status = cors.status
-        if status is None and self.routes._guard_hosts and not self.routes._allowed_host(self.host):
-            status = 403
-        if status is None:
-            return True
-        await self.start(status, "text/plain", {"Content-Length": "0"})
-        await self.body(b"", more=False)
-        return False
 
     async def upload(self, digest: str) -> None:
         """``POST /api/blobs/<digest>``: the body streamed into the store (201, 200), or an
         error's status (400 for a malformed or mismatched digest); nothing if the client
         left first."""
-        try:
-            if not await self.guarded():
-                return
-            try:
-                with self.routes.drain.guard():
-                    status = await blob_upload.upload_blob(
-                        self.routes.ctx.store, digest, self.receive
-                    )
-            except Exception as exc:  # trio.Cancelled is a BaseException: it passes
-                await self.error(exc)
-                return
-            if status is not None:
-                # No body, as Ollama answers (a length, not chunks, even from hypercorn).
-                await self.start(status, "text/plain", {"Content-Length": "0"})
-                await self.body(b"", more=False)
-        finally:
-            self.done(blob_upload.ENDPOINT)
+        status = await blob_upload.upload_blob(self.ctx.store, digest, self.receive)
+        if status is not None:
+            # No body, as Ollama answers (a length, not chunks, even from hypercorn).
+            await self.start(status, "text/plain", {"Content-Length": "0"})
+            await self.body(b"", more=False)
 
-    async def exchange(self, route: Callable[[dict[str, Any], float], Awaitable[Plan]]) -> None:
-        if not await self.guarded():
-            return
+    async def run(self, planner: Planner) -> None:
         started = trio.current_time()
-        try:
-            body = await self.read_body()
-        except OllamatrioError as exc:
-            await self.error(exc)
-            return
+        body = await self.read_body()
         if body is None:
             return
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            nursery.start_soon(self.watch_disconnect, nursery.cancel_scope)
-            try:
-                with self.routes.drain.guard():
-                    await self.serve(route, body, started)
-            except ServerShuttingDownError as exc:
-                await self.last_words(exc)
-            except Exception as exc:  # trio.Cancelled is a BaseException: it passes
-                await self.last_words(exc)
-            nursery.cancel_scope.cancel()
+        failure: Exception | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.watch_disconnect, nursery.cancel_scope)
+                try:
+                    await self.serve(nursery, planner, body, started)
+                except Exception as exc:  # trio.Cancelled is a BaseException: it passes
+                    failure = exc  # raised to the chain below, not in an exception group
+                nursery.cancel_scope.cancel()
+        finally:
+            metrics = self.ctx.metrics
+            if metrics is not None and self.generation is not None:
+                metrics.generation_done(self.generation)
+        if failure is not None:
+            raise failure
 
     async def serve(
-        self, route: Callable[[dict[str, Any], float], Awaitable[Plan]], body: dict[str, Any],
-        started: float,
-    ) -> None:  # fmt: skip
-        plan = await route(body, started)
+        self, nursery: trio.Nursery, planner: Planner, body: dict[str, Any], started: float
+    ) -> None:
+        plan = await planner(self.ctx, body, started)
         if plan.response is not None:
             await self.respond(plan.response)
             return
@@ -445,10 +186,9 @@ class _Exchange:
         if plan.announce is not None and plan.announce.needed():
             # A load first: start the stream now and tell the client how it goes.
             assert plan.encoder is not None
-            assert self.nursery is not None
-            self.encoder = plan.encoder
+            self.state.last_words = plan.encoder.error
             await self.start(200, plan.encoder.content_type)
-            generation = announcing_load(self.nursery, plan.announce, generation, self.body)
+            generation = announcing_load(nursery, plan.announce, generation, self.body)
         async with generation as gen:
             self.generation = gen
             fold = Fold()
@@ -458,15 +198,15 @@ class _Exchange:
                 answer = fold.answer(gen)
                 if plan.finish is not None:
                     await plan.finish(answer)
-                respond = v1_json_response if self.openai else json_response
+                respond = v1_json_response if self.v1 else json_response
                 await self.respond(respond(plan.render(answer)))
                 return
             encoder = plan.encoder
             assert encoder is not None
-            self.encoder = encoder
             batch = await gen.next_batch()  # an error before it keeps its own status
-            extra = {"Cache-Control": "no-cache"} if self.openai else None
-            if self.status is None:
+            self.state.last_words = encoder.error
+            extra = {"Cache-Control": "no-cache"} if self.v1 else None
+            if not self.started:
                 await self.start(200, encoder.content_type, extra)
             while True:  # one write per wake-up; the last one ends the response
                 data = encoder.encode(batch, gen)
@@ -496,24 +236,10 @@ class _Exchange:
                 await self.respond(json_response(last, content_type=JSON))
                 return
             first = await anext(events, None)  # an error before it keeps its own status
-            self.encoder = ProgressLines()
+            self.state.last_words = ProgressLines().error
             await self.start(200, ProgressLines.content_type)
             if first is not None:
                 await self.body(ndjson_line(first))
                 async for event in events:
                     await self.body(ndjson_line(event))
             await self.body(b"", more=False)
-
-    async def last_words(self, exc: BaseException) -> None:
-        """An error's answer: its own status before the response started, else one last
-        error line (event) on the stream."""
-        if self.status is None:
-            await self.error(exc)
-            return
-        status = 503 if isinstance(exc, ServerShuttingDownError) else 500
-        if isinstance(exc, OllamatrioError):
-            log.warning("stream failed mid-way: %s", exc)
-        else:
-            log.error("unexpected error in a stream", exc_info=exc)
-        assert self.encoder is not None  # only streams start before the end
-        await self.body(self.encoder.error(str(exc), status), more=False)

@@ -6,9 +6,9 @@ first token, so the server accepts connections itself and serves their requests,
 another on the same keep-alive connection, with ASGI ``receive``/``send`` callables that cost
 one ``send_all`` per body piece (``http/asgi.py``).  A plain request over HTTP/1.1 with a
 ``Content-Length`` or chunked body (or none), or over HTTP/1.0 (closed after its answer, as
-h11 does), is served here whatever its route: the generation routes and the progress
-streams go straight to their ASGI handlers (``api/routes.py``), everything else to the same
-app hypercorn runs (the events route, then Quart), with the scope hypercorn would build.
+h11 does), is served here whatever its route, by the same app hypercorn runs, with the scope
+hypercorn would build; the bodies the app names (the generations and progress streams,
+:class:`BodyLimits`) are limited before they are read.
 So the official clients, which call ``/api/show`` or ``/api/tags`` on the connection they
 chat on, keep the cheap path for their generations.
 
@@ -131,11 +131,11 @@ class HeadGuard:
         await send({"type": "http.response.body", "body": text})
 
 
-class StreamRoutes(Protocol):
-    """Routes an app serves as plain ASGI ahead of its framework (the generation and progress
-    streams, ``api/routes.py``): the front door sends a ``POST`` to one of ``paths`` straight
-    to them, its body limited to ``body_limit`` bytes before it is read.  An app offers them
-    as its ``stream_routes`` attribute."""
+class BodyLimits(Protocol):
+    """Which request bodies an app wants limited before they are read: a ``POST`` to one of
+    ``paths`` (the streamed JSON routes, ``api/table.py``) is refused past ``body_limit``
+    bytes on its ``Content-Length``, and its head is deferred to the first body piece.  An
+    app offers them as its ``body_limits`` attribute."""
 
     @property
     def paths(self) -> list[str]: ...
@@ -143,12 +143,10 @@ class StreamRoutes(Protocol):
     @property
     def body_limit(self) -> int: ...
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None: ...
 
-
-def stream_routes_of(app: Any) -> StreamRoutes | None:
-    routes: StreamRoutes | None = getattr(app, "stream_routes", None)
-    return routes
+def body_limits_of(app: Any) -> BodyLimits | None:
+    limits: BodyLimits | None = getattr(app, "body_limits", None)
+    return limits
 
 
 class ReplayStream(WatchedStream):
@@ -227,14 +225,14 @@ class Front:
     begun."""
 
     def __init__(
-        self, app: ASGIApp, wrapped: AppWrapper, routes: StreamRoutes | None,
+        self, app: ASGIApp, wrapped: AppWrapper, limits: BodyLimits | None,
         config: Config, context: WorkerContext, state: LifespanState,
         budget: ConnectionBudget | None = None, body_timeout: float = DEFAULT_BODY_TIMEOUT,
     ) -> None:  # fmt: skip
         self.app = app  # what hypercorn's wrapper calls (the same callable, the same scope)
         self.wrapped = wrapped  # for hypercorn
-        self.routes = routes
-        self.paths = frozenset(p.encode() for p in routes.paths) if routes else frozenset()
+        self.limits = limits
+        self.paths = frozenset(p.encode() for p in limits.paths) if limits else frozenset()
         self.config = config
         self.context = context
         self.state = state
@@ -355,14 +353,12 @@ class _Connection:
             front = self.front
             # The path without its query: Claude Code posts to /v1/messages?beta=true.
             if head.method == "POST" and head.target.partition(b"?")[0] in front.paths:
-                # A generation or a progress stream: straight to its route, its JSON body
-                # limited before reading.
-                assert front.routes is not None
-                exchange = Exchange(self, head, limit=front.routes.body_limit, defer_head=True)
-                await exchange.run(front.routes)
+                # A generation or a progress stream: its JSON body limited before reading.
+                assert front.limits is not None
+                exchange = Exchange(self, head, limit=front.limits.body_limit, defer_head=True)
             else:
                 exchange = Exchange(self, head)
-                await exchange.run(front.app)
+            await exchange.run(front.app)
             if not exchange.keep_alive() or self.eof or self.broken:
                 return False
 
@@ -489,7 +485,7 @@ async def serve_http(
     a request body that sends no byte for ``body_timeout`` seconds is answered 408."""
     worker = Worker(HeadGuard(app), config)  # the front door checks its own heads
     front = Front(
-        app, worker.wrapped, stream_routes_of(app), config, worker.context, worker.state, budget,
+        app, worker.wrapped, body_limits_of(app), config, worker.context, worker.state, budget,
         body_timeout,
     )  # fmt: skip
     async with worker.lifespan():

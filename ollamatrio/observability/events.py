@@ -6,8 +6,10 @@ timing the connection out.  The stream ends cleanly (the chunked body is closed)
 shutdown begins (it must not hold the drain), when the subscriber falls too far behind (the
 hub cuts it off; it may reconnect and read ``/api/ps``), and at once when the client leaves.
 
-Plain ASGI in front of the app, as the generation routes: one task per request owns the
-subscription, with a disconnect watcher and a shutdown watcher beside it.
+Plain ASGI beside the app, as the generation routes: one task per request owns the
+subscription, with a disconnect watcher and a shutdown watcher beside it.  What holds for
+every request (CORS, the Host guard, the access line) is applied around it by the API's
+request chain.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from urllib.parse import parse_qs
 
 import trio
 
-from ..http.cors import OriginPolicy, cors_answer
 from ..scheduler import Scheduler
 from ..scheduler.events import SchedulerEvent
 from ..store.names import InvalidModelNameError, ModelName
@@ -28,7 +29,6 @@ from ..wire import SSE
 PATH = "/api/events"
 PING_SECONDS = 15.0
 
-ASGIApp = Callable[..., Awaitable[None]]
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -48,41 +48,20 @@ def _full_name(model: str) -> tuple[str, ...]:
 
 
 class EventsRoute:
-    """ASGI app: ``GET /api/events`` here, everything else to ``app``."""
+    """ASGI app: ``GET /api/events``."""
 
-    def __init__(
-        self, app: ASGIApp, scheduler: Scheduler, stopping: trio.Event, origins: OriginPolicy,
-        guard_hosts: bool, allowed_host: Callable[[str], bool],
-    ) -> None:  # fmt: skip
-        self.app = app
+    def __init__(self, scheduler: Scheduler, stopping: trio.Event) -> None:
         self.scheduler = scheduler
         self.stopping = stopping  # set when shutdown begins
-        self._origins = origins
-        self._guard_hosts = guard_hosts
-        self._allowed_host = allowed_host
 
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
-        if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "GET":
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        cors = cors_answer(headers.get("origin"), headers.get("host", ""), "GET", self._origins)
-        status = cors.status
-        if status is None and self._guard_hosts and not self._allowed_host(headers.get("host", "")):
-            status = 403
-        extra = [(k.encode(), v.encode()) for k, v in cors.headers]
-        if status is not None:
-            await send({"type": "http.response.start", "status": status, "headers": extra})
-            await send({"type": "http.response.body", "body": b""})
-            return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         model = _full_name(query["model"][0]) if query.get("model") else None
-        await self._stream(receive, send, extra, model)
+        await self._stream(receive, send, model)
 
     async def _stream(
-        self, receive: ASGIReceive, send: ASGISend, extra: list[tuple[bytes, bytes]],
-        model: tuple[str, ...] | None,
-    ) -> None:  # fmt: skip
+        self, receive: ASGIReceive, send: ASGISend, model: tuple[str, ...] | None
+    ) -> None:
         left = False
         async with self.scheduler.events.subscribe() as events, trio.open_nursery() as nursery:
 
@@ -99,7 +78,7 @@ class EventsRoute:
 
             nursery.start_soon(watch_disconnect)
             nursery.start_soon(watch_shutdown)
-            headers = [(b"content-type", SSE.encode()), (b"cache-control", b"no-cache"), *extra]
+            headers = [(b"content-type", SSE.encode()), (b"cache-control", b"no-cache")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await _relay(events, send, model)
             nursery.cancel_scope.cancel()  # the hub cut this subscriber off

@@ -46,9 +46,6 @@ RUNNER_SCRAPE_TTL = 1.0  # a burst of scrapes within this costs one round trip p
 #: every Prometheus reads.  prometheus-client's CONTENT_TYPE_LATEST now says 1.0.0.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-#: ``endpoint`` of a request that matched no route: raw paths are client input, so they
-#: never become label values.
-OTHER_ENDPOINT = "other"
 #: ``status`` of a request whose client left before any answer was sent (nginx's 499).
 CLIENT_CLOSED = "499"
 

@@ -10,13 +10,11 @@ body goes to disk as fast as the disk takes it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import trio
-from quart import Quart, Response, request
+from quart import Response, request
 
-from ..._version import OLLAMA_API_VERSION, __version__
 from ...errors import InvalidRequestError, ModelNotFoundError
 from ...slot_cache import SlotCache
 from ...store import parse_digest
@@ -25,8 +23,12 @@ from .. import pipeline
 from ..answers import empty_response, json_response
 from ..errors import error_response
 from ..models import ApiContext, show
+from ..plan import Plan, plan_generation
 from ..requests import get_bool, get_model, get_str, read_json
+from ..table import Views, views_of
+from . import wire
 from . import wire as native_wire
+from .stream import ChatLines, GenerateLines
 
 log = logging.getLogger(__name__)
 
@@ -40,32 +42,17 @@ class OllamaApi:
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
 
-    def register(self, app: Quart) -> None:
-        routes: list[tuple[str, Callable[..., Any], list[str]]] = [
-            ("/", self.root, ["GET", "HEAD"]),
-            ("/api/version", self.version, ["GET", "HEAD"]),
-            ("/api/embed", self.embed, ["POST"]),
-            ("/api/embeddings", self.embeddings, ["POST"]),
-            ("/api/tags", self.tags, ["GET", "HEAD"]),
-            ("/api/show", self.show, ["POST"]),
-            ("/api/ps", self.ps, ["GET"]),
-            ("/api/copy", self.copy, ["POST"]),
-            ("/api/delete", self.delete, ["DELETE"]),
-            ("/api/blobs/<digest>", self.blob_head, ["HEAD"]),
-        ]
-        for path, handler, methods in routes:
-            endpoint = f"{handler.__name__}_{'_'.join(methods).lower()}"
-            app.add_url_rule(path, endpoint, handler, methods=methods)
-
-    # -- liveness ---------------------------------------------------------------------
-
-    async def root(self) -> Response:
-        return Response("Ollama is running", content_type="text/plain; charset=utf-8")
-
-    async def version(self) -> Response:
-        """The Ollama API version this server implements (what clients compare), and the
-        project's own version beside it."""
-        return json_response({"version": OLLAMA_API_VERSION, "ollamatrio": __version__})
+    def views(self) -> Views:
+        return views_of(
+            ("POST", "/api/embed", self.embed),
+            ("POST", "/api/embeddings", self.embeddings),
+            ("GET HEAD", "/api/tags", self.tags),
+            ("POST", "/api/show", self.show),
+            ("GET", "/api/ps", self.ps),
+            ("POST", "/api/copy", self.copy),
+            ("DELETE", "/api/delete", self.delete),
+            ("HEAD", "/api/blobs/<digest>", self.blob_head),
+        )
 
     # -- embeddings -------------------------------------------------------------------
 
@@ -172,3 +159,24 @@ class OllamaApi:
         present = await trio.to_thread.run_sync(self.ctx.store.has_blob, digest)
         # As Ollama: a JSON error (its body dropped, this being HEAD) when it is absent.
         return empty_response() if present else error_response(f'blob "{digest}" not found', 404)
+
+
+# -- the streamed routes (api/routes.py writes their plans) ---------------------------
+
+
+async def generate(ctx: ApiContext, body: dict[str, Any], started: float) -> Plan:
+    req = wire.generate_request(body)
+    lines = GenerateLines(req.model)
+    return await plan_generation(
+        ctx, req, started, native=True, encoder=lines, load_line=lines.load_line,
+        render=lambda answer: wire.generate_answer(req.model, answer),
+    )  # fmt: skip
+
+
+async def chat(ctx: ApiContext, body: dict[str, Any], started: float) -> Plan:
+    req = wire.chat_request(body)
+    lines = ChatLines(req.model)
+    return await plan_generation(
+        ctx, req, started, native=True, encoder=lines, load_line=lines.load_line,
+        render=lambda answer: wire.chat_answer(req.model, answer),
+    )  # fmt: skip

@@ -10,14 +10,19 @@ OpenAI objects or server-sent events.
 
 from __future__ import annotations
 
-from quart import Quart, Response, request
+from typing import Any
 
+from quart import Response, request
+
+from ...wire import SSE, SSE_DONE
 from .. import pipeline
 from ..answers import v1_json_response
 from ..models import ApiContext
+from ..plan import Plan, plan_generation
 from ..requests import read_json
+from ..table import Views, views_of
 from . import wire
-from .errors import Handler, openai_errors
+from .stream import ChatEvents, CompletionEvents
 
 
 class OpenAiApi:
@@ -26,17 +31,12 @@ class OpenAiApi:
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
 
-    def register(self, app: Quart) -> None:
-        routes: list[tuple[str, Handler, list[str]]] = [
-            ("/v1/embeddings", self.embeddings, ["POST"]),
-            ("/v1/models", self.list_models, ["GET"]),
-            # Names hold ":" and "/" (namespace/model:tag): the path converter takes both.
-            ("/v1/models/<path:model>", self.retrieve_model, ["GET"]),
-        ]
-        for path, handler, methods in routes:
-            app.add_url_rule(
-                path, f"openai_{handler.__name__}", openai_errors(handler), methods=methods
-            )
+    def views(self) -> Views:
+        return views_of(
+            ("POST", "/v1/embeddings", self.embeddings),
+            ("GET", "/v1/models", self.list_models),
+            ("GET", "/v1/models/<path:model>", self.retrieve_model),
+        )
 
     # -- embeddings -------------------------------------------------------------------
 
@@ -59,3 +59,34 @@ class OpenAiApi:
     async def retrieve_model(self, model: str) -> Response:
         found = await self.ctx.resolve(model)
         return v1_json_response(wire.model_object(model, found.modified_at, found.name.namespace))
+
+
+# -- the streamed routes (api/routes.py writes their plans) ---------------------------
+
+
+def _v1_answer(obj: dict[str, Any], stream: bool) -> Response:
+    """A ``/v1`` object answered at once: JSON, or one event and ``[DONE]`` to a stream."""
+    if stream:
+        return Response(wire.sse_event(obj) + SSE_DONE, content_type=SSE)
+    return v1_json_response(obj)
+
+
+async def completions(ctx: ApiContext, body: dict[str, Any], started: float) -> Plan:
+    call = wire.completion_request(body)
+    model = call.core.model
+    return await plan_generation(
+        ctx, call.core, started, native=False,
+        encoder=CompletionEvents(model, call.include_usage),
+        render=lambda answer: wire.text_completion(model, answer),
+        unloaded=lambda: _v1_answer(wire.unloaded_completion(model), call.core.stream),
+    )  # fmt: skip
+
+
+async def chat_completions(ctx: ApiContext, body: dict[str, Any], started: float) -> Plan:
+    call = wire.chat_request(body)
+    model = call.core.model
+    return await plan_generation(
+        ctx, call.core, started, native=False,
+        encoder=ChatEvents(model, call.include_usage),
+        render=lambda answer: wire.chat_completion(model, answer),
+    )  # fmt: skip

@@ -6,15 +6,20 @@ app's nursery for as long as the app serves."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import trio
-from quart import Quart, Response, request
+from quart import Response, request
 
 from ...errors import InvalidRequestError, ResponseNotFoundError
+from ...generation.answer import Answer
 from ..answers import v1_json_response
-from ..openai.errors import openai_errors
+from ..models import ApiContext
+from ..plan import Plan, plan_generation
+from ..table import Views, views_of
 from . import wire
 from .store import ResponseStore
+from .stream import ResponseEvents
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +34,12 @@ class ResponsesApi:
     def __init__(self, store: ResponseStore | None) -> None:
         self.store = store
 
-    def register(self, app: Quart) -> None:
-        for path, handler, methods in (
-            ("/v1/responses/<response_id>", self.retrieve, ["GET"]),
-            ("/v1/responses/<response_id>", self.delete, ["DELETE"]),
-            ("/v1/responses/<response_id>/input_items", self.input_items, ["GET"]),
-        ):
-            app.add_url_rule(
-                path, f"responses_{handler.__name__}", openai_errors(handler), methods=methods
-            )
+    def views(self) -> Views:
+        return views_of(
+            ("GET", "/v1/responses/<response_id>", self.retrieve),
+            ("DELETE", "/v1/responses/<response_id>", self.delete),
+            ("GET", "/v1/responses/<response_id>/input_items", self.input_items),
+        )
 
     def _store(self, response_id: str) -> ResponseStore:
         if self.store is None:
@@ -80,3 +82,32 @@ async def prune_forever(store: ResponseStore, every: float = PRUNE_EVERY) -> Non
             if removed:
                 log.info("removed %d expired stored responses", removed)
         await trio.sleep(every)
+
+
+# -- the streamed routes (api/routes.py writes their plans) ---------------------------
+
+
+async def responses(ctx: ApiContext, body: dict[str, Any], started: float) -> Plan:
+    call = wire.responses_call(body)
+    store = ctx.responses
+    history: list[dict[str, Any]] = []
+    if call.previous_response_id:
+        if store is None:
+            raise InvalidRequestError("previous_response_id needs a response store")
+        previous = await trio.to_thread.run_sync(store.get, call.previous_response_id)
+        history = previous.history()
+    req = wire.chat_request(call, history)
+    draft = wire.Draft(call)
+    plan = await plan_generation(
+        ctx, req, started, native=False, encoder=ResponseEvents(draft),
+        render=lambda answer: wire.response_object(draft, answer),
+    )  # fmt: skip
+    if call.store and store is not None:
+        conversation = [*history, *call.input]
+
+        async def keep(answer: Answer) -> None:
+            response = wire.response_object(draft, answer)
+            await trio.to_thread.run_sync(store.put, response, call.input, conversation)
+
+        plan.finish = keep
+    return plan

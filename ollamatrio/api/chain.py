@@ -1,0 +1,207 @@
+"""The one chain every request goes through, whatever serves it.
+
+A request reaches the server by one of three transports (the front door's own exchange,
+hypercorn for an unusual connection, or an embedding application's ASGI server) and is
+served by one of three ways (a Quart view, the streamed routes ahead of Quart, the event
+stream: :class:`~.table.Way`).  Whatever the combination, :class:`Chain` is the outermost
+ASGI app and applies each concern that holds for every request, in this order, once:
+
+1. **Admission** (:meth:`Chain.refusal`): CORS (a disallowed origin 403, an allowed preflight
+   204 with ``Allow``), then the DNS-rebinding guard (a foreign ``Host`` on a loopback server
+   403).  Authentication and quotas belong here, as further steps of the same method.
+2. **The drain**: the request runs inside the shutdown guard (:class:`..http.drain.Drain`), so
+   a request still running when the grace period ends is cut and told why.
+3. **The error shape**: an error that reaches the chain before an answer began is answered in
+   the route's dialect (:mod:`.error_shapes`); a stream that has begun ends with its
+   encoder's last line instead (:attr:`RequestState.last_words`).
+4. **The access line and the request metrics**, once the answer is complete (as Ollama's
+   access log, with the duration), so they cost nothing before the first token; a client that
+   left before any answer is logged and counted as 499, as nginx does.
+
+The route that serves a request sees the chain's record of it, :class:`RequestState`, in its
+scope (:func:`request_state`): a stream says there how it would end if cut short.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..errors import OllamatrioError, ServerShuttingDownError
+from ..http.asgi import ANSWERED
+from ..http.cors import OriginPolicy, cors_answer
+from ..http.drain import Drain
+from ..http.host_guard import allowed_host, is_loopback_bind
+from .table import Route, route_for, routes_of
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..observability.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+
+ASGIApp = Callable[..., Awaitable[None]]
+ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
+ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
+
+STATE = "ollamatrio.request"  # the scope key of a request's RequestState
+CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
+OTHER_ENDPOINT = "other"  # the metrics label of a path no route has
+
+# Gin lists a path's methods in the order the server first registered each method.
+_METHOD_ORDER = ("HEAD", "GET", "POST", "DELETE")
+
+
+@dataclass
+class RequestState:
+    """What the chain and the route serving a request share about it."""
+
+    route: Route | None  # None: no route answers this method on this path
+    status: int | None = None  # once the answer has begun
+    client_left: bool = False  # before the answer: the client closed (or half-closed)
+    # How a stream that has begun ends when cut short (its encoder's error line or event).
+    last_words: Callable[[str, int], bytes] | None = None
+
+
+def request_state(scope: dict[str, Any]) -> RequestState:
+    """The chain's record of the request in ``scope``."""
+    state: RequestState = scope[STATE]
+    return state
+
+
+def allow_header(path: str) -> str:
+    """``Allow`` for ``path``, as Gin writes it (its methods in the order Ollama registered
+    them; a ``GET`` route answers ``HEAD`` too, as Werkzeug routes it)."""
+    methods: set[str] = set()
+    for route in routes_of(path):
+        methods |= route.methods
+    if "GET" in methods:
+        methods.add("HEAD")
+    return ", ".join(sorted(methods, key=lambda m: (*_METHOD_ORDER, m).index(m)))
+
+
+class Chain:
+    """ASGI: the cross-cutting concerns around ``app``.  ``metrics`` gives the request
+    metrics, or None while they do not exist yet (before the lazy app is built)."""
+
+    def __init__(
+        self, app: ASGIApp, settings: Settings, drain: Drain,
+        metrics: Callable[[], ServerMetrics | None],
+    ) -> None:  # fmt: skip
+        self.app = app
+        self.drain = drain
+        self._metrics = metrics
+        self._origins = OriginPolicy.from_origins(settings.origins)
+        self._guard_hosts = is_loopback_bind(settings.host)
+
+    async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method: str = scope["method"]
+        path: str = scope["path"]
+        state = RequestState(route_for(method, path))
+        scope[STATE] = state
+        arrived = trio.current_time()
+        origin = host = None
+        for name, value in scope["headers"]:
+            name = name.lower()
+            if name == b"origin":
+                origin = value.decode("latin-1")
+            elif name == b"host":
+                host = value.decode("latin-1")
+        cors = cors_answer(origin, host or "", method, self._origins)
+        cors_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in cors.headers]
+
+        async def chained_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                state.status = message["status"]
+                if cors_headers:
+                    message = {**message, "headers": [*message["headers"], *cors_headers]}
+            await send(message)
+
+        async def chained_receive() -> dict[str, Any]:
+            message = await receive()
+            # A disconnect after the transport answered itself (408, 400) is no client that
+            # left: that answer was logged where it was made.
+            if message["type"] == "http.disconnect" and ANSWERED not in message:
+                state.client_left = state.client_left or state.status is None
+            return message
+
+        try:
+            refused = self.refusal(method, path, host or "", cors.status)
+            if refused is not None:
+                await _answer_empty(chained_send, *refused)
+                return
+            with self.drain.guard():
+                await self.app(scope, chained_receive, chained_send)
+        except Exception as exc:  # trio.Cancelled is a BaseException: it passes
+            await self._failed(scope, state, exc, chained_send)
+        finally:
+            self._done(scope, state, arrived)
+
+    def refusal(
+        self, method: str, path: str, host: str, cors_status: int | None
+    ) -> tuple[int, list[tuple[bytes, bytes]]] | None:
+        """The answer (status, headers) that ends a request before its route, or None."""
+        # CORS first, as Ollama: a disallowed origin gets 403, an allowed preflight 204.
+        status = cors_status
+        if status is None and self._guard_hosts and not allowed_host(host):
+            status = 403
+        if status is None and method == "OPTIONS":
+            status = 204
+        if status is None:
+            return None
+        headers: list[tuple[bytes, bytes]] = []
+        if method == "OPTIONS" and (allow := allow_header(path)):
+            # Gin answers a preflight from its method-not-allowed path: Allow comes along.
+            headers.append((b"allow", allow.encode()))
+        return status, headers
+
+    async def _failed(
+        self, scope: dict[str, Any], state: RequestState, exc: Exception, send: ASGISend
+    ) -> None:
+        """An error that reached the chain: its answer in the route's dialect, or the last
+        words of a stream that has begun."""
+        if state.status is None:
+            # Imported here: the lazy app's liveness answers, which never fail, come
+            # through this chain before Quart is imported.
+            from .answers import send_response
+            from .error_shapes import error_response
+
+            await send_response(send, error_response(scope["path"], exc))
+            return
+        status = 503 if isinstance(exc, ServerShuttingDownError) else 500
+        if isinstance(exc, OllamatrioError):
+            log.warning("stream failed mid-way: %s", exc)
+        else:
+            log.error("unexpected error in a stream", exc_info=exc)
+        if state.last_words is not None:
+            body = state.last_words(str(exc), status)
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def _done(self, scope: dict[str, Any], state: RequestState, arrived: float) -> None:
+        status = state.status or (CLIENT_CLOSED if state.client_left else None)
+        if status is None:
+            return  # the transport answered (and logged) it itself
+        metrics = self._metrics()
+        if metrics is not None:
+            route = state.route
+            metrics.request_done(route.endpoint if route else OTHER_ENDPOINT, status)
+        log.info(
+            "%s %s %d %.3fs", scope["method"], scope["path"], status,
+            trio.current_time() - arrived, extra={"client": (scope.get("client") or ("",))[0]},
+        )  # fmt: skip
+
+
+async def _answer_empty(send: ASGISend, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    """No body and, as Ollama's ``c.Status``, no Content-Type."""
+    await send({
+        "type": "http.response.start", "status": status,
+        "headers": [(b"content-length", b"0"), *headers],
+    })  # fmt: skip
+    await send({"type": "http.response.body", "body": b""})
