@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidRequestError
+from ..gofmt import format_float, format_value, quote
 
 
 class TemplateError(InvalidRequestError):
@@ -494,37 +494,16 @@ def go_json(value: Any) -> str:
 
 
 def go_str(value: Any) -> str:
-    """``fmt.Sprint`` of one value.  Mappings print as JSON: the structures templates print
-    (tools, tool-call arguments) have ``String`` methods that return JSON in Ollama."""
+    """``fmt.Sprint`` of one value, as a template prints it: nil prints nothing, and
+    mappings print as JSON: the structures templates print (tools, tool-call arguments) have
+    ``String`` methods that return JSON in Ollama."""
     if value is None:
         return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return _go_float(value)
     if isinstance(value, Mapping):
         return go_json(value)
     if isinstance(value, list | tuple):
         return "[" + " ".join(go_str(v) for v in value) + "]"
-    return str(value)
-
-
-def _go_float(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if math.isnan(value):
-        return "NaN"
-    text = repr(value)
-    if "e" in text or "E" in text:
-        mantissa, exp = text.split("e")
-        sign = "-" if exp.startswith("-") else "+"
-        digits = exp.lstrip("+-").rjust(2, "0")
-        return f"{mantissa.removesuffix('.0')}e{sign}{digits}"
-    if abs(value) >= 1e21:
-        return f"{value:e}"
-    return text.removesuffix(".0")
+    return format_value(value)
 
 
 def _snake(name: str) -> str:
@@ -662,7 +641,7 @@ def _fn_printf(fmt: Any, *args: Any) -> str:
         if kind in "vs":
             return f"%{spec}s" % go_str(arg)
         if kind == "q":
-            return f"%{spec}s" % json.dumps(go_str(arg), ensure_ascii=False)
+            return f"%{spec}s" % quote(go_str(arg))
         if kind == "t" and isinstance(arg, bool):
             return f"%{spec}s" % go_str(arg)
         if kind in "dxXoc" and isinstance(arg, int) and not isinstance(arg, bool):
@@ -672,7 +651,7 @@ def _fn_printf(fmt: Any, *args: Any) -> str:
             return f"%{spec}s" % (text.upper() if kind == "X" else text)
         if kind in "feEgG" and isinstance(arg, int | float) and not isinstance(arg, bool):
             if kind in "gG" and precision is None:
-                return f"%{spec}s" % _go_float(float(arg))  # Go's %g: shortest form
+                return f"%{spec}s" % format_float(float(arg))  # Go's %g: shortest form
             return f"%{spec}{kind}" % arg
         return f"%!{kind}({type(arg).__name__}={go_str(arg)})"
 
