@@ -16,7 +16,7 @@ from ollamatrio.engines.simulated import (
     SimulatedEngine,
     SimulatedEngineFactory,
 )
-from ollamatrio.template.gotemplate import TemplateError, collate, parse, render_prompt
+from ollamatrio.template import TemplateError, collate, parse, render_prompt
 from ollamatrio.types import Chunk, CompletionRequest, LoadSpec, Message
 
 # -- real templates --------------------------------------------------------------------

@@ -26,7 +26,7 @@ from ..modelfile import Message, Modelfile, render_modelfile, render_parameters
 from ..response_store import ResponseStore
 from ..scheduler import ModelRequest, Scheduler
 from ..store import Model, ModelStore, parse_name
-from ..template.gotemplate import is_go_template
+from ..template import is_go_template
 from ..wire import rfc3339
 
 if TYPE_CHECKING:
