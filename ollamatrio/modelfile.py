@@ -16,12 +16,12 @@ import re
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from ollamatrio.errors import InvalidRequestError
+from ollamatrio.gofmt import format_float, format_value, quote
 
 ParamValue = int | float | bool | list[str]
 
@@ -257,11 +257,7 @@ def _float32(value: float) -> float:
     single: float = struct.unpack("<f", packed)[0]
     if math.isinf(single):
         raise OverflowError
-    for digits in range(1, 10):
-        candidate = float(f"{single:.{digits}g}")
-        if struct.pack("<f", candidate) == packed:
-            return candidate
-    return single
+    return float(format_float(single, bits=32))
 
 
 class _Scanner:
@@ -545,7 +541,7 @@ def format_modelfile(mf: Modelfile) -> str:
         if value is not None:
             lines.append(f"{kind} {_quote(value)}")
     for name in sorted(mf.parameters):
-        lines += [f"PARAMETER {name} {_quote(_go_value(v))}" for v in _each(mf.parameters[name])]
+        lines += [f"PARAMETER {name} {_quote(format_value(v))}" for v in _each(mf.parameters[name])]
     lines += [f"LICENSE {_quote(text)}" for text in mf.licenses]
     lines += [f"MESSAGE {m.role} {_quote(m.content)}" for m in mf.messages]
     return "".join(line + "\n" for line in lines)
@@ -563,7 +559,11 @@ def render_modelfile(mf: Modelfile, short_name: str) -> str:
 
 def render_parameters(params: Mapping[str, Any]) -> str:
     """``/api/show``'s ``parameters`` field: ``name`` padded to 30 columns, then the value
-    as Go's ``%#v`` prints it (strings quoted); one line per ``stop`` entry, sorted by name."""
+    as Go's ``%#v`` prints it (strings quoted); one line per ``stop`` entry, sorted by name.
+
+    Integers print as integers.  Ollama holds every value as a JSON float64 and prints
+    1048576 as ``1.048576e+06``, which its own parser refuses for an integer parameter;
+    floats print as Go prints them (``1.234567e+06``)."""
     return "\n".join(
         f"{name:<{_PARAM_NAME_WIDTH}} {_go_repr(value)}"
         for name in sorted(params)
@@ -594,69 +594,6 @@ def _quote(value: str) -> str:
     return f'"{value}"'
 
 
-def _go_value(value: Any) -> str:
-    """A parameter as Go's ``%v`` prints it (integers stay integers here; Ollama, holding
-    JSON float64s, would print 1048576 as 1.048576e+06)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return go_format_float(value)
-    return str(value)
-
-
 def _go_repr(value: Any) -> str:
-    """Go's ``%#v``: strings as ``strconv.Quote``, numbers and booleans as ``%v``."""
-    return _go_quote(value) if isinstance(value, str) else _go_value(value)
-
-
-_GO_ESCAPES = {
-    "\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
-    "\v": "\\v", "\\": "\\\\", '"': '\\"',
-}  # fmt: skip
-
-
-def _go_quote(text: str) -> str:
-    """Go's ``strconv.Quote``: printable Unicode kept, the rest escaped."""
-    out = ['"']
-    for ch in text:
-        if ch in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[ch])
-        elif ch.isprintable():
-            out.append(ch)
-        elif (code := ord(ch)) < 0x80:
-            out.append(f"\\x{code:02x}")
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    out.append('"')
-    return "".join(out)
-
-
-def go_format_float(value: float) -> str:
-    """Go's ``%v`` for a float64: shortest digits, exponent form below 1e-4 or from 1e+06."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value == 0:
-        return "-0" if math.copysign(1.0, value) < 0 else "0"
-    sign, digit_tuple, exponent = Decimal(repr(value)).as_tuple()
-    assert isinstance(exponent, int)
-    digits = "".join(map(str, digit_tuple))
-    stripped = digits.rstrip("0")
-    exponent += len(digits) - len(stripped)
-    digits = stripped
-    point = len(digits) + exponent  # position of the decimal point within digits
-    prefix = "-" if sign else ""
-    exp = point - 1
-    if exp < -4 or exp >= 6:  # strconv 'g' with shortest precision uses eprec = 6
-        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-        return f"{prefix}{mantissa}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
-    if point <= 0:
-        return f"{prefix}0.{'0' * -point}{digits}"
-    if point >= len(digits):
-        return prefix + digits + "0" * (point - len(digits))
-    return f"{prefix}{digits[:point]}.{digits[point:]}"
+    """Go's ``%#v`` of a parameter: strings as ``strconv.Quote``, the rest as ``%v``."""
+    return quote(value) if isinstance(value, str) else format_value(value)

@@ -534,6 +534,8 @@ async def test_interactive_session_commands(api_server: ServerFactory) -> None:
             system = await term.expect(">>> ")
             await term.send("/set parameter stop a b")
             await term.expect(">>> ")
+            await term.send("/set parameter presence_penalty 1234567")
+            await term.expect(">>> ")
             await term.send("/show parameters")
             parameters = await term.expect(">>> ")
             await term.send("/set verbose")
@@ -549,6 +551,7 @@ async def test_interactive_session_commands(api_server: ServerFactory) -> None:
             assert await term.process.wait() == 0
     assert system.endswith("/show system\nBe\nbrief.\n\n>>> ")
     assert "User defined parameters:\n  stop                           [a b]\n" in parameters
+    assert "\n  presence_penalty               1.234567e+06\n" in parameters  # Go's %v
     # /clear keeps only the system message: the prompt is as short as the first turn's.
     counts = eval_counts(term.transcript)
     assert counts[1] > counts[0]

@@ -16,7 +16,7 @@ from ollamatrio.engines.simulated import (
     SimulatedEngine,
     SimulatedEngineFactory,
 )
-from ollamatrio.template.gotemplate import TemplateError, collate, parse, render_prompt
+from ollamatrio.template import TemplateError, collate, parse, render_prompt
 from ollamatrio.types import Chunk, CompletionRequest, LoadSpec, Message
 
 # -- real templates --------------------------------------------------------------------
@@ -320,6 +320,10 @@ LANGUAGE_CASES = [
     ("{{ .Missing }}|{{ .Missing.Deeper }}|{{ if .Missing }}x{{ end }}", "||", "missing-is-zero"),
     ("{{ -1 }} {{ 0x10 }} {{ 2.5 }} {{ 'a' }} {{ `raw\\n` }} {{ \"esc\\t\" }} {{ nil }}",
      "-1 16 2.5 97 raw\\n esc\t ", "literals"),
+    ("{{ 1e6 }} {{ 1e-7 }} {{ 123456.0 }} {{ 3.0 }} {{ print 1234567.0 2.5 }}",
+     "1e+06 1e-07 123456 3 1.234567e+06 2.5", "floats-print-as-go"),
+    ("{{ printf \"%v %g %q\" 1234567.0 1e-5 \"a\\x01\\u2028\" }}",
+     "1.234567e+06 1e-05 \"a\\x01\\u2028\"", "printf-floats-and-quote"),
 ]  # fmt: skip
 
 

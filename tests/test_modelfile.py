@@ -19,7 +19,6 @@ from ollamatrio.modelfile import (
     decode_modelfile,
     file_digest,
     format_modelfile,
-    go_format_float,
     parse_modelfile,
     parse_parameter_value,
     render_modelfile,
@@ -221,6 +220,7 @@ def test_render_parameters_is_ollamas_aligned_go_syntax() -> None:
         "temperature": 1,
         "min_p": 1e-05,
         "num_ctx": 1048576,
+        "presence_penalty": 1234567.0,
         "use_mmap": False,
         "repeat_penalty": 1.1000000238418579,  # a float32 stored as float64 by Go
     }
@@ -228,6 +228,7 @@ def test_render_parameters_is_ollamas_aligned_go_syntax() -> None:
         [
             "min_p                          1e-05",
             "num_ctx                        1048576",
+            "presence_penalty               1.234567e+06",
             "repeat_penalty                 1.100000023841858",
             'stop                           "<|im_end|>"',
             'stop                           "say \\"hi\\"\\n"',
@@ -237,18 +238,6 @@ def test_render_parameters_is_ollamas_aligned_go_syntax() -> None:
         ]
     )
     assert render_parameters({}) == ""
-
-
-GO_FLOATS = [
-    (1.0, "1"), (0.95, "0.95"), (-2.5, "-2.5"), (100000.0, "100000"), (1e6, "1e+06"),
-    (1234567.0, "1.234567e+06"), (0.0001, "0.0001"), (0.00001, "1e-05"), (1.5e-7, "1.5e-07"),
-    (1e100, "1e+100"), (0.0, "0"), (-0.0, "-0"), (float("inf"), "+Inf"),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize(("value", "text"), GO_FLOATS, ids=[t for _, t in GO_FLOATS])
-def test_go_format_float(value: float, text: str) -> None:
-    assert go_format_float(value) == text
 
 
 ROUND_TRIP = [

@@ -25,7 +25,7 @@ from ..model_info import read_model_info
 from ..modelfile import Message, Modelfile, render_modelfile, render_parameters
 from ..scheduler import ModelRequest, Scheduler
 from ..store import Model, ModelStore, parse_name
-from ..template.gotemplate import is_go_template
+from ..template import is_go_template
 from ..wire import rfc3339
 from .responses.store import ResponseStore
 

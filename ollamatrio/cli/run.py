@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO, cast
 
+from ollamatrio.gofmt import format_value
 from ollamatrio.modelfile import PARAMETER_TYPES, ModelfileError, parse_parameter_value
 
 from . import commands
@@ -454,7 +455,7 @@ class Session:
             if self.opts.options:
                 self.out.write("User defined parameters:\n")
                 for key, value in self.opts.options.items():
-                    self.out.write(f"  {key:<30} {_go_value(value)}\n")
+                    self.out.write(f"  {key:<30} {format_value(value)}\n")
                 self.out.write("\n")
         elif what == "system":
             system = self.opts.system or resp.get("system")
@@ -484,15 +485,6 @@ class Session:
             self.opts.model = previous
             return
         self.opts.messages = []
-
-
-def _go_value(value: Any) -> str:
-    """A parameter as Go's ``%v`` prints it: ``true``, ``[a b]``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + " ".join(map(str, value)) + "]"
-    return str(value)
 
 
 def _cut_suffix(text: str, suffix: str) -> tuple[str, bool]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..gguf import GGUFInfo
 from ..store import Model
-from ..template.gotemplate import is_go_template, parse, render_prompt
+from ..template import is_go_template, parse, render_prompt
 from ..types import CompletionRequest, Message
 from .requests import ChatRequest, GenerateRequest
 
