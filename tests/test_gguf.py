@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType as VT
 from gguf import PoolingType
 
-import ollamatrio.gguf as ollamatrio_gguf
+import ollamatrio.gguf.cursor as gguf_cursor
 from ollamatrio.errors import GGUFError
 from ollamatrio.gguf import ArraySummary, GGUFInfo, is_gguf, read_gguf
 from ollamatrio.testing import CHATML, write_tiny_gguf
@@ -622,7 +622,7 @@ def test_duplicate_token_is_found(tiny_gguf: TinyGGUF, tokenizer: str) -> None:
 def test_duplicate_token_across_read_buffers(
     tiny_gguf: TinyGGUF, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ollamatrio_gguf, "_CHUNK", 16)  # nearly every item crosses a refill
+    monkeypatch.setattr(gguf_cursor, "_CHUNK", 16)  # nearly every item crosses a refill
     for corrupt, expected in ((None, None), ("duplicate_tokens", (998, 999))):
         info = read_gguf(tiny_gguf(vocab=1000, corrupt=corrupt), cache=False)
         found = info.duplicate_token
