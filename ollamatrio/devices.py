@@ -1,6 +1,6 @@
 """What the machine offers: GPUs (through NVML or a simulation) and host memory.
 
-:func:`open_device_source` picks the source from the settings: :class:`SimulatedDevices` when
+:func:`device_source` picks the source from the settings: :class:`SimulatedDevices` when
 ``OLLAMATRIO_SIMULATED_GPUS`` is set, else :class:`NvmlDevices`.  Both answer
 ``await source.inventory()`` with a fresh :class:`Inventory`; the scheduler decides what to do
 with stale or missing values.
@@ -98,7 +98,7 @@ class _HasSimulatedGpus(Protocol):
     def simulated_gpus(self) -> str: ...  # read-only, so frozen Settings match
 
 
-def open_device_source(settings: _HasSimulatedGpus) -> DeviceSource:
+def device_source(settings: _HasSimulatedGpus) -> DeviceSource:
     """The simulation when ``settings.simulated_gpus`` holds JSON, else the real NVML one."""
     if settings.simulated_gpus.strip():
         return SimulatedDevices(settings.simulated_gpus)

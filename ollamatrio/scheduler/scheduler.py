@@ -34,7 +34,7 @@ import trio
 
 from .. import model_info
 from ..config import Settings
-from ..devices import DeviceSource, Inventory, open_device_source
+from ..devices import DeviceSource, Inventory, device_source
 from ..engines.protocol import EngineFactory
 from ..errors import (
     GGUFError,
@@ -464,7 +464,7 @@ async def open_scheduler(
     ``models`` holds the per-model settings (none by default)."""
     settings = settings or Settings.from_env()
     if devices is None:
-        devices = open_device_source(settings)
+        devices = device_source(settings)
     if engines is None:
         from ..engines import default_engine_factory
 
