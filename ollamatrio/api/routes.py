@@ -163,9 +163,10 @@ class GenerationRoutes:
         """The dialect-neutral checks (model, capabilities, options), then the generation to
         run, streamed with the dialect's ``encoder`` or folded and rendered with its
         ``render``; a stream that must wait for a load first writes ``load_line`` lines, if
-        its dialect has them.  Native routes also answer unload (B23) and load-only (B24)
-        requests at once; ``unloaded`` answers an unload in a dialect whose requests can ask
-        for one (an empty ``/v1/completions`` prompt with ``keep_alive: 0``)."""
+        its dialect has them.  Native routes also answer unload and load-only requests (an
+        empty prompt, with or without ``keep_alive: 0``) at once; ``unloaded`` answers an
+        unload in a dialect whose requests can ask for one (an empty ``/v1/completions``
+        prompt with ``keep_alive: 0``)."""
         prepared = await pipeline.prepare(self.ctx, req)
         if prepared is None:
             if unloaded is not None:
