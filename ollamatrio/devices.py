@@ -17,6 +17,8 @@ them).  System object: ``total`` (required), ``free`` (= total), ``swap_free`` (
 ``cpu_count`` (the real one).  Sizes are byte counts or strings with a unit (B, KB, MB, GB,
 TB, KiB, MiB, GiB, TiB; case-insensitive).  ``[]`` simulates a machine without GPUs.
 Unknown keys are errors, so typos do not pass silently.
+
+Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
 """
 
 from __future__ import annotations

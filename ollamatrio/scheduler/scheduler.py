@@ -18,6 +18,8 @@ Shape (docs/scheduling.md):
 
 This module owns the scheduler's state (the runners, the pending list, the queue count)
 and its public API; the records it trades in are in ``requests.py``.
+
+Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class Scheduler:
         self._pending: deque[PendingRequest] = deque()
         self._waiting = 0  # requests waiting anywhere: queue, load, slot
         self._wakeup = trio.Event()  # the placement task's
-        self._changed = trio.Event()  # anyone else's (I4: swapped on every change)
+        self._changed = trio.Event()  # anyone else's (a fresh one on every change)
         self._closed = False
         # Frozen from the first inventory in open_scheduler (B11, B15).
         self._max_models = settings.max_loaded_models
