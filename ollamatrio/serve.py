@@ -21,7 +21,7 @@ from hypercorn.config import Config as HypercornConfig
 
 from .api.lazy import LazyApp
 from .config import Settings, join_host_port
-from .devices import DeviceSource, open_device_source
+from .devices import DeviceSource, device_source
 from .engines import default_engine_factory
 from .engines.capability import engine_device_source
 from .engines.process import ProcessEngineFactory
@@ -222,7 +222,7 @@ async def _serve(
         stopping.set()
 
     if engines is None:
-        engines = default_engine_factory(settings, devices or open_device_source(settings))
+        engines = default_engine_factory(settings, devices or device_source(settings))
     async with open_scheduler(
         settings, engines=engines, devices=devices, models=model_config
     ) as scheduler:

@@ -5,7 +5,7 @@ evaluated and how much it reused from a cache.
 Each of ``--conversations`` conversations is shaped like a Claude Code session on
 ``POST /v1/messages``: a billing block whose last three hex characters differ per session, a
 long system text, a dozen tool schemas, then a history that grows by one short user turn and
-the model's answer each turn.  Conversations take turns round-robin (A1 B1 C1 D1 A2 ...), the
+the model's answer each turn.  Conversations take turns round-robin (a1 b1 c1 d1 a2 ...), the
 worst case for a runner with fewer slots than conversations, and each turn >= 2 has a short
 title request (no tools, another system prompt) sent at the same moment on the same model, as
 both CLIs do (a lone conversation, the baseline, has them too: the comparison is the cost of

@@ -1,7 +1,8 @@
 """The official ``ollama`` Python client (0.6.3) against real hypercorn on port 0.
 
 Every client method the server offers is exercised once, streaming and not, so any
-field the client's pydantic models require (spec §3, the "breaks" rows) is checked.
+field the client's pydantic models require (a missing ``message``, ``models`` or
+``model_info``, a timestamp that does not parse: each breaks the client) is checked.
 """
 
 from __future__ import annotations

@@ -451,7 +451,7 @@ async def test_shift_lets_a_generation_run_past_the_context(api_server) -> None:
             assert stopped["done_reason"] == "length"
             assert stopped["eval_count"] < first.context_length
             second = runner_of(srv, "tiny:latest")
-            assert second is not first  # a load-time choice: reloaded (B25)
+            assert second is not first  # a load-time choice: reloaded
             assert not second.spec.context_shift
 
 

@@ -1,6 +1,6 @@
-"""Wire-level behaviour of the native API (spec §1.1, §3) with raw httpx on real hypercorn:
-NDJSON framing, stream defaults, statuses, option and keep_alive rules, load/unload, blobs,
-the Host and CORS guards, and client disconnects."""
+"""Wire-level behaviour of the native API (docs/api.md, Conventions) with raw httpx on real
+hypercorn: NDJSON framing, stream defaults, statuses, option and keep_alive rules,
+load/unload, blobs, the Host and CORS guards, and client disconnects."""
 
 from __future__ import annotations
 
@@ -288,7 +288,7 @@ async def test_keep_alive_values(api_server, keep_alive: Any, expected: float) -
                 assert abs(expires - (time.time() + expected)) < 2
 
 
-# -- load and unload (B23, B24) ------------------------------------------------------------
+# -- load and unload requests -------------------------------------------------------------
 
 
 async def test_load_then_unload(api_server) -> None:

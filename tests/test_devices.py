@@ -17,7 +17,7 @@ from ollamatrio.devices import (
     SimulatedDevices,
     SystemMemory,
     cgroup_memory_cap,
-    open_device_source,
+    device_source,
     parse_size,
     parse_version,
     read_system_memory,
@@ -655,19 +655,19 @@ class _Settings:
     ],
     ids=["unset", "blank", "empty-list", "one-gpu"],
 )
-def test_open_device_source(raw: str, kind: type) -> None:
-    assert isinstance(open_device_source(_Settings(raw)), kind)
+def test_device_source(raw: str, kind: type) -> None:
+    assert isinstance(device_source(_Settings(raw)), kind)
 
 
-def test_open_device_source_with_real_settings() -> None:
+def test_device_source_with_real_settings() -> None:
     from ollamatrio.config import Settings
 
     settings = Settings.from_env({"OLLAMATRIO_SIMULATED_GPUS": json.dumps([A100])})
-    source = open_device_source(settings)
+    source = device_source(settings)
     assert isinstance(source, SimulatedDevices)
     assert [g.id for g in source.gpus] == ["sim0"]
 
 
-def test_open_device_source_bad_json_names_the_variable() -> None:
+def test_device_source_bad_json_names_the_variable() -> None:
     with pytest.raises(ValueError, match="invalid OLLAMATRIO_SIMULATED_GPUS"):
-        open_device_source(_Settings("[{"))
+        device_source(_Settings("[{"))

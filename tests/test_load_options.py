@@ -1,4 +1,5 @@
-"""Load-time options: the context-shift choice (B27) and the reloads it causes (B25)."""
+"""Load-time options: the context-shift choice (the request's ``shift``, else the model's
+default: on, off for deepseek2) and the reload a different choice causes."""
 
 from __future__ import annotations
 

@@ -827,7 +827,7 @@ async def test_smollm2_embeddings_are_normalised(smollm2: RunnerClient) -> None:
 
 
 async def test_a_generation_stuck_on_one_piece_is_ended() -> None:
-    # B61: 31 identical pieces in a row end the answer; the final chunk says "stop".
+    # As Ollama: 31 identical pieces in a row end the answer; the final chunk says "stop".
     async def body() -> AsyncIterator[bytes]:
         yield b'data: {"content": "Hello", "stop": false}\n\n'
         for _ in range(100):

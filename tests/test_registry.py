@@ -381,7 +381,7 @@ async def test_cancelled_pull_leaves_only_resumable_partials(
 @pytest.fixture
 def jumpy_clock() -> trio.testing.MockClock:
     # Virtual time with real sockets: jump only once everything has been idle for 50 ms
-    # of real time, so socket I/O is never mistaken for a stall (STYLE.md I20).
+    # of real time, so socket I/O is never mistaken for a stall.
     return trio.testing.MockClock(autojump_threshold=0.05)
 
 

@@ -361,8 +361,8 @@ async def test_load_continues_while_another_request_still_wants_it(autojump_cloc
 
 
 async def test_a_different_num_ctx_reloads_smaller_or_larger(autojump_clock, models):
-    """B26 as Ollama: a runner with another explicit context never serves the request, a
-    smaller context included."""
+    """As Ollama compares load options: a runner with another explicit context never serves
+    the request, a smaller context included."""
     async with scheduler() as (sched, engines, _):
         await use(sched, req(models, "a", options={"num_ctx": 2048}))
         await use(sched, req(models, "a", options={"num_ctx": 2048}))

@@ -29,7 +29,7 @@ from ollamatrio.testing import write_tiny_gguf
 from ollamatrio.wire import rfc3339_from_timestamp
 
 LOAD_SECONDS = 1.0
-# An evicted runner takes new requests for as long as it took to load (B30), then it
+# An evicted runner takes new requests for as long as it took to load, then it
 # finishes the ones it has: at most the requests in its two slots, then the two already
 # waiting for a slot, each at most 1.5 s in the tests below.  A request that waited for the
 # victim to go then waits for the load, and for a slot as long again (the clients that
@@ -156,17 +156,17 @@ async def test_a_busy_victim_takes_no_new_requests_so_the_waiting_load_goes_ahea
 async def test_a_reload_is_not_starved_by_requests_the_old_runner_could_serve(
     autojump_clock, models
 ):
-    """A request that needs another context evicts the runner (B25); requests with the
+    """A request that needs another context evicts the runner (a reload); requests with the
     old context must not keep that runner busy forever."""
     async with scheduler(num_parallel=2) as (sched, engines):
         small = req(models, "a", options={"num_ctx": 512})
         waited = await waited_for(sched, req(models, "a", options={"num_ctx": 4096}), small)
         assert waited < SERVED_WITHIN
-        assert engines.loads >= 2  # the small requests may then reload theirs (B26)
+        assert engines.loads >= 2  # the small requests may then reload theirs
 
 
 async def test_a_stopped_busy_model_takes_new_requests_only_briefly(autojump_clock, models):
-    """B30: a runner marked to unload still serves later requests, but only for as long as
+    """A runner marked to unload still serves later requests, but only for as long as
     it took to load; after that they wait for it to go and load the model again."""
     async with scheduler(num_parallel=2) as (sched, engines):
         async with trio.open_nursery() as nursery:

@@ -136,7 +136,7 @@ async def test_load_oom_retry_does_not_evict_pinned_models(autojump_clock, model
         await use(sched, req(models, "b"))
         with pytest.raises(OutOfMemoryError):
             await use(sched, req(models, "c", options={"num_ctx": 2048}))
-        assert loaded(sched) == ["a"]  # b went for the retry (B44), a stayed
+        assert loaded(sched) == ["a"]  # b went for the out-of-memory retry, a stayed
         assert engines.loads == 4  # a, b, c, c again
 
 

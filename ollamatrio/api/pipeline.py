@@ -45,7 +45,7 @@ class Prepared:
 
 
 def unloads(req: GenerateRequest | ChatRequest) -> bool:
-    """An empty request with ``keep_alive`` 0 only unloads its model (B23)."""
+    """An empty request with ``keep_alive`` 0 only unloads its model, as in Ollama."""
     empty = not req.prompt if isinstance(req, GenerateRequest) else not req.messages
     return empty and req.keep_alive == 0
 

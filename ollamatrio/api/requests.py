@@ -29,7 +29,7 @@ INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_NUM_CTX = 1 << 24
 
-# Options with their JSON types (spec §2).  Others are ignored, as Ollama does.
+# Options with their JSON types (docs/api.md, Conventions).  Others are ignored, as Ollama does.
 _INT, _FLOAT, _BOOL, _STRINGS = "integer", "float", "boolean", "array of strings"
 OPTION_TYPES: Mapping[str, str] = {
     # load-time

@@ -1,6 +1,6 @@
 """What the machine offers: GPUs (through NVML or a simulation) and host memory.
 
-:func:`open_device_source` picks the source from the settings: :class:`SimulatedDevices` when
+:func:`device_source` picks the source from the settings: :class:`SimulatedDevices` when
 ``OLLAMATRIO_SIMULATED_GPUS`` is set (its JSON is described in :mod:`.simulated`), else
 :class:`NvmlDevices`.  Both answer ``await source.inventory()`` with a fresh
 :class:`Inventory`; the scheduler decides what to do with stale or missing values.
@@ -15,7 +15,7 @@ from .host import cgroup_memory_cap, cpu_count, read_system_memory
 from .inventory import GpuInfo, Inventory, SystemMemory
 from .nvml import NvmlDevices
 from .simulated import SimulatedDevices, parse_size, parse_version
-from .source import DeviceSource, open_device_source
+from .source import DeviceSource, device_source
 from .visibility import select_visible
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
     "SystemMemory",
     "cgroup_memory_cap",
     "cpu_count",
-    "open_device_source",
+    "device_source",
     "parse_size",
     "parse_version",
     "read_system_memory",

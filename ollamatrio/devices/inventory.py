@@ -1,5 +1,8 @@
 """What a device source answers: the GPUs it found and the host's memory, as one
-:class:`Inventory`."""
+:class:`Inventory`.
+
+Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Real NVIDIA GPUs through NVML, listed as a runner's CUDA runtime sees them, and the GPU
-memory a process holds."""
+memory a process holds.
+
+Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
+"""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ class _HasSimulatedGpus(Protocol):
     def simulated_gpus(self) -> str: ...  # read-only, so frozen Settings match
 
 
-def open_device_source(settings: _HasSimulatedGpus) -> DeviceSource:
+def device_source(settings: _HasSimulatedGpus) -> DeviceSource:
     """The simulation when ``settings.simulated_gpus`` holds JSON, else the real NVML one."""
     if settings.simulated_gpus.strip():
         return SimulatedDevices(settings.simulated_gpus)

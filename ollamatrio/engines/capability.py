@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..devices import DeviceSource, GpuInfo, Inventory, open_device_source
+from ..devices import DeviceSource, GpuInfo, Inventory, device_source
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -208,11 +208,11 @@ async def engine_device_source(
     """The device source ``ollamatrio serve`` places models with (see the module docstring).
 
     ``probe`` defaults to :func:`probe_engine`.  Simulated GPUs or the simulated engine leave
-    nothing to compare: the plain :func:`~ollamatrio.devices.open_device_source` answer,
+    nothing to compare: the plain :func:`~ollamatrio.devices.device_source` answer,
     without a probe.  With ``background``, a machine whose NVML lists no GPU gets its
     answer at once and the probe (a process importing the engine: a few tenths of a second)
     runs in that nursery: with no GPU to drop, it can only add its log lines."""
-    devices = open_device_source(settings)
+    devices = device_source(settings)
     if settings.engine != "process" or settings.simulated_gpus.strip():
         return devices
     if background is not None and not (await devices.inventory()).gpus:

@@ -10,6 +10,8 @@ generation's stall deadline: the stream's reads arm and disarm it, and when a re
 The stream needs only a few things of the client that opened it (its stall timeout and
 errors, its template rendering and tokenizer): :class:`StreamClient` names them, so this
 module sits below ``runner_client.py`` and never imports it.
+
+Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ SAMPLING_OPTIONS: dict[str, tuple[str, Any]] = {
 # llama.cpp request fields passed through unchanged when present in options (benchmarks and
 # tests use them to get exactly N tokens out).
 PASSTHROUGH_OPTIONS = ("ignore_eos", "logit_bias")
-MAX_PREDICT_FACTOR = 10  # B61: num_predict < 0 or > 10 * num_ctx is capped at 10 * num_ctx
+MAX_PREDICT_FACTOR = 10  # as Ollama: num_predict < 0 or > 10 * num_ctx is capped at that
 JSON_FORMAT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 

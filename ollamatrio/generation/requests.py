@@ -44,7 +44,7 @@ class GenerateRequest:
     stream: bool = True
     logprobs: bool = False
     top_logprobs: int = 0
-    shift: bool | None = None  # context shift; None: the model's default (B27)
+    shift: bool | None = None  # context shift; None: the model's default (off for deepseek2)
     truncate: bool = True  # cut a prompt that does not fit the context from the front
 
     @property
@@ -69,7 +69,7 @@ class ChatRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     truncate: bool = True  # drop the oldest messages that do not fit the context
-    shift: bool | None = None  # context shift; None: the model's default (B27)
+    shift: bool | None = None  # context shift; None: the model's default (off for deepseek2)
     # The dialect says which stop sequence ended the answer (Anthropic's stop_sequence):
     # the final chunk must name it, which costs a chat its own matching (llamacpp_wire).
     report_stop: bool = False

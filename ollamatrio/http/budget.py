@@ -95,7 +95,7 @@ def _text(limit: int) -> str:
     return "unlimited" if limit == resource.RLIM_INFINITY else str(limit)
 
 
-def open_file_limit() -> int:
+def soft_file_limit() -> int:
     """The soft open file limit now (an unlimited one as the system's ceiling)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return _ceiling() if soft == resource.RLIM_INFINITY else soft

@@ -40,7 +40,7 @@ import trio
 from ..config import DEFAULT_BODY_TIMEOUT
 from .accept import serve_listeners
 from .asgi import ASGIApp, Exchange
-from .budget import ConnectionBudget, default_cap, open_file_limit, refuse
+from .budget import ConnectionBudget, default_cap, refuse, soft_file_limit
 from .host_guard import head_problem
 from .http1 import (
     HANDOFF,
@@ -238,7 +238,7 @@ class Front:
         self.state = state
         self.stopping = False
         self.handoffs = 0  # connections handed to hypercorn (tests and logs look)
-        self.budget = budget or ConnectionBudget(default_cap(open_file_limit()))
+        self.budget = budget or ConnectionBudget(default_cap(soft_file_limit()))
         # Seconds a request body may go without a byte (OLLAMATRIO_BODY_TIMEOUT).
         self.body_timeout = body_timeout
 

@@ -3,6 +3,8 @@
 Pure code (no xllamacpp import): the client builds a :class:`RunnerConfig`, the runner child
 turns it plus a few facts about the model and the machine into a :class:`LoadPlan` with
 :func:`plan_load`, so every rule is table-testable without loading anything.
+
+Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ EventKind = Literal[
 
 # Why a runner is evicted (``evicting``'s reason): another model needs its memory, the
 # loaded-model count is full, a request asked (unload / keep_alive 0), a request needs it
-# reloaded with other options, or a load ran out of memory and idle models make way (B50).
+# reloaded with other options, or a load ran out of memory and idle models make way.
 EvictReason = Literal["memory", "count", "request", "reload", "oom"]
 
 
@@ -74,7 +74,7 @@ class EventHub:
     def __init__(self) -> None:
         self._listeners: list[Listener] = []
         self._subscribers: set[trio.MemorySendChannel[SchedulerEvent]] = set()
-        self._membership = trio.Event()  # swapped whenever a subscriber comes or goes (I4)
+        self._membership = trio.Event()  # swapped whenever a subscriber comes or goes
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)

@@ -4,6 +4,8 @@ Only load-time options matter here (Ollama B26: num_ctx, num_batch, num_gpu, mai
 use_mmap, num_thread); sampling options never cause a reload.  Whether the runner computes
 embeddings is a load-time choice too (llama.cpp's ``embedding`` flag): a runner loaded with
 it also generates, so it serves every request for its model file.
+
+Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ after a load ran out of memory, :func:`retry_after_oom`.
 The scheduler's placement pass calls these and applies the answers (evicting, starting
 runners, attaching requests); nothing here changes a runner.  ``placement.py`` below
 decides where a model goes on a given set of devices.
+
+Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
 """
 
 from __future__ import annotations

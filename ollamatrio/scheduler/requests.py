@@ -5,6 +5,8 @@ A :class:`ModelRequest` names the model and the options it wants loaded; a
 :class:`Lease` is what ``Scheduler.lease`` yields once a runner is ready and a slot is held.
 Plain records with synchronous transitions: the scheduler module owns the queue they sit
 in, the policy module decides for them.
+
+Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
 """
 
 from __future__ import annotations

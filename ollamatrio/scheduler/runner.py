@@ -3,6 +3,8 @@
 State changes happen in synchronous stretches (no locks: Trio switches tasks only at
 ``await``).  Waiters watch a fresh :class:`trio.Event` swapped in on every change.
 The runner's lifetime is one task in the scheduler's nursery; this object is its state.
+
+Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 ``LoadSpec``, keep-alive and pinning), books it in the scheduler's registry and starts its
 task.  :meth:`RunnerTasks.run` is that task: open the engine, mark the runner ready, serve
 until it expires or is evicted, close the engine, wait for its VRAM to come back, and take
-it off the books.  Errors stay in the task (I3): they reach the requests waiting for the
+it off the books.  Errors stay in the task: they reach the requests waiting for the
 runner, never the scheduler's nursery.  Every lifecycle event (loading, loaded, expired,
 load_failed, crashed, unloaded) is published here, in the stretch that changes the state.
 
@@ -138,7 +138,7 @@ class RunnerTasks:
         return runner
 
     async def run(self, runner: Runner) -> None:
-        """One runner's whole life.  Errors stay here (I3): they reach the requests that
+        """One runner's whole life.  Errors stay here: they reach the requests that
         wait for this runner, never the scheduler's nursery."""
         vram_baseline: int | None = None  # free VRAM just before the runner exits
         try:

@@ -18,6 +18,8 @@ Shape (docs/scheduling.md):
 
 This module owns the scheduler's state (the runners, the pending list, the queue count)
 and its public API; the records it trades in are in ``requests.py``.
+
+Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import trio
 
 from .. import model_info
 from ..config import Settings
-from ..devices import DeviceSource, Inventory, open_device_source
+from ..devices import DeviceSource, Inventory, device_source
 from ..engines.protocol import EngineFactory
 from ..errors import (
     GGUFError,
@@ -76,7 +78,7 @@ class Scheduler:
         self._pending: deque[PendingRequest] = deque()
         self._waiting = 0  # requests waiting anywhere: queue, load, slot
         self._wakeup = trio.Event()  # the placement task's
-        self._changed = trio.Event()  # anyone else's (I4: swapped on every change)
+        self._changed = trio.Event()  # anyone else's (a fresh one on every change)
         self._closed = False
         # Frozen from the first inventory in open_scheduler (B11, B15).
         self._max_models = settings.max_loaded_models
@@ -464,7 +466,7 @@ async def open_scheduler(
     ``models`` holds the per-model settings (none by default)."""
     settings = settings or Settings.from_env()
     if devices is None:
-        devices = open_device_source(settings)
+        devices = device_source(settings)
     if engines is None:
         from ..engines import default_engine_factory
 

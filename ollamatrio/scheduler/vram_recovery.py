@@ -6,6 +6,8 @@ GPUs until most of its memory reappears as free, or a bounded wait has passed.  
 runner task measures the baseline just before the runner stops and waits here, shielded,
 before it leaves the scheduler's books.  The driver's free-memory figure is external state
 with no notification, so this is the one place in the scheduler that polls.
+
+Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ class Case:
     values: Values | None = None
     # Compare /api/ps and /api/tags after this step.
     state: bool = False
-    # This step unloads this model: Ollama answers before its runner has exited (B23) and
+    # This step unloads this model: Ollama answers before its runner has exited and
     # lists it until then, so the state is compared once the reference no longer does.
     unloads: str = ""
 
