@@ -15,8 +15,8 @@ import anthropic
 import pytest
 import trio
 
-from ollamatrio.api.anthropic.billing_header import is_billing_block
 from ollamatrio.api.anthropic import wire as anthropic_wire
+from ollamatrio.api.anthropic.billing_header import is_billing_block
 from ollamatrio.api.openai import wire as openai_wire
 from ollamatrio.api.responses import wire as responses_wire
 from ollamatrio.engines import llamacpp_wire

@@ -9,9 +9,9 @@ period (``serve.GRACEFUL_TIMEOUT``).  Whatever is still running then is *cut*:
   down"}`` on NDJSON streams, an OpenAI error event on ``/v1`` (SSE) streams.
 
 Mechanics: every request's work (whatever serves it: the API's request chain, api/chain.py,
-holds the guard) runs inside a cancel scope that :meth:`Drain.cut` cancels, so a cut unwinds the request's own ``async with`` blocks (lease, runner stream,
-pull channel) exactly as a client disconnect does, and the request's task then writes the
-reason.
+holds the guard) runs inside a cancel scope that :meth:`Drain.cut` cancels, so a cut unwinds
+the request's own ``async with`` blocks (lease, runner stream, pull channel) exactly as a
+client disconnect does, and the chain then writes the reason.
 """
 
 from __future__ import annotations
