@@ -151,3 +151,31 @@ def test_imports_are_resolved(tmp_path: pathlib.Path, source: str, expected: str
     path.write_text(source + "\n")
     known = {"ollamatrio.api.progress", "ollamatrio.store.names"}
     assert [t for t, _ in imports_of("ollamatrio.api.routes", path, known)] == [expected]
+
+
+DIALECTS = ("native", "openai", "anthropic", "responses")
+# The Responses API is OpenAI's: its dialect reads OpenAI's wire helpers (error objects,
+# SSE events), and nothing else of another dialect.
+DIALECT_READS = {("responses", "ollamatrio.api.openai.wire")}
+
+
+def dialect_of_module(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "api" and parts[2] in DIALECTS:
+        return parts[2]
+    return None
+
+
+def test_a_dialect_imports_no_other_dialect() -> None:
+    """Each dialect package (api/native/, api/openai/, ...) builds on the shared modules of
+    api/ and below, never on another dialect."""
+    wrong = []
+    for module, targets in graph().items():
+        dialect = dialect_of_module(module)
+        if dialect is None:
+            continue
+        for target, line in targets.items():
+            other = dialect_of_module(target)
+            if other not in (None, dialect) and (dialect, target) not in DIALECT_READS:
+                wrong.append(f"{module}:{line} imports {target}")
+    assert wrong == []
