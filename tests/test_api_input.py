@@ -15,7 +15,7 @@ import pytest
 import trio
 from helpers.recording import RecordingEngines
 
-from ollamatrio.api.requests import MAX_JSON_DEPTH, decode_json_object, merge_options
+from ollamatrio.api.bodies import MAX_JSON_DEPTH, decode_json_object, merge_options
 from ollamatrio.devices import cpu_count
 from ollamatrio.engines.llamacpp_wire import EMBED_INPUT_TOO_LONG, is_embedding_input_limit
 from ollamatrio.engines.process import ProcessEngineFactory

@@ -17,7 +17,7 @@ import trio
 from helpers.recording import RecordingEngines
 
 from ollamatrio._version import OLLAMA_API_VERSION, __version__
-from ollamatrio.api.requests import MAX_JSON_BODY
+from ollamatrio.api.bodies import MAX_JSON_BODY
 from ollamatrio.config import parse_origins
 from ollamatrio.engines.simulated import SimulatedBehaviour
 from ollamatrio.gguf import ArraySummary, read_gguf

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 import trio
 from hypercorn.config import Config
 
+from ollamatrio.api.bodies import MAX_JSON_BODY
 from ollamatrio.api.models import ApiContext
-from ollamatrio.api.requests import MAX_JSON_BODY
 from ollamatrio.config import Settings
 from ollamatrio.devices import SimulatedDevices
 from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory

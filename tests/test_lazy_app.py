@@ -98,5 +98,3 @@ async def test_concurrent_first_requests_build_once_and_run_the_lifespan(tmp_pat
             r = await c.post("/api/generate", json={"model": "missing"})
             assert r.status_code == 404
     assert answers == [200] * 4
-
-

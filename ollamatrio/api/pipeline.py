@@ -20,8 +20,8 @@ from ..generation.requests import ChatRequest, EmbedRequest, GenerateRequest
 from ..gguf import GGUFInfo
 from ..scheduler import ModelRequest
 from ..store import Model
+from .bodies import merge_options
 from .models import ApiContext, capabilities, require, require_for_runner, require_loadable
-from .requests import merge_options
 
 
 def refuse_when_queue_full(ctx: ApiContext) -> None:

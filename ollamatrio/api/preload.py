@@ -16,8 +16,8 @@ import trio
 from ..errors import OllamatrioError
 from ..model_config import ModelConfig
 from ..store import ModelStore
+from .bodies import merge_options
 from .models import ApiContext
-from .requests import merge_options
 
 log = logging.getLogger(__name__)
 

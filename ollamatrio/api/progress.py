@@ -21,8 +21,8 @@ from ..errors import InvalidRequestError
 from ..store import create_model
 from ..store.registry import start_pull
 from ..wire import NDJSON, ndjson_line
+from .bodies import get_bool, get_list, get_model, get_str, get_stream, merge_options
 from .models import ApiContext
-from .requests import get_bool, get_list, get_model, get_str, get_stream, merge_options
 
 Event = dict[str, Any]
 

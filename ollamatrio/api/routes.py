@@ -32,13 +32,13 @@ from ..wire import JSON, ndjson_line
 from . import blob_upload, progress
 from .answers import json_response, send_response, v1_json_response
 from .anthropic import handlers as anthropic
+from .bodies import MAX_JSON_BODY, decode_json_object
 from .chain import RequestState, request_state
 from .models import ApiContext
 from .native import handlers as native
 from .openai import handlers as openai
 from .plan import Plan, Planner
 from .progress import Progress, ProgressLines
-from .requests import MAX_JSON_BODY, decode_json_object
 from .responses import handlers as responses
 from .table import Dialect
 
@@ -76,7 +76,7 @@ class StreamRoutes:
         state = request_state(scope)
         route = state.route
         assert route is not None
-        exchange = _Exchange(self.ctx, state, receive, send)
+        exchange = _StreamedRequest(self.ctx, state, receive, send)
         if route.path == blob_upload.ENDPOINT:
             await exchange.upload(scope["path"].removeprefix(blob_upload.PREFIX))
         elif route.path == _PULL:
@@ -88,7 +88,7 @@ class StreamRoutes:
         return Plan(progress=progress.pull(ctx, self._nursery, body))
 
 
-class _Exchange:
+class _StreamedRequest:
     """One request on a streamed route: its body, plan and response."""
 
     def __init__(

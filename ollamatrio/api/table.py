@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from .requests import MAX_JSON_BODY
+from .bodies import MAX_JSON_BODY
 
 
 class Way(StrEnum):

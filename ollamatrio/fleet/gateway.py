@@ -37,10 +37,10 @@ import trio
 
 from ..api.anthropic import wire as anthropic_wire
 from ..api.anthropic.stream import MessageEvents
+from ..api.bodies import MAX_JSON_BODY
 from ..api.native.stream import GenerateLines
 from ..api.openai import wire as openai_wire
 from ..api.openai.stream import ChatEvents
-from ..api.requests import MAX_JSON_BODY
 from ..config import Settings
 from ..http.front import serve_http
 from ..http.http1 import LAST_CHUNK, chunk

@@ -1,7 +1,7 @@
 """The typed requests every dialect translates into: what a generation or an embedding asks
 for, in the core's own terms, independent of any wire format.
 
-Each dialect (``api/native_wire.py``, ``api/openai_wire.py``, ...) reads its body into one of
+Each dialect (``api/native/wire.py``, ``api/openai/wire.py``, ...) reads its body into one of
 these frozen records and checks it there; from then on the model checks, the completion
 request (:mod:`.completion`), the relay and the folded answer (:mod:`.answer`) see only the
 record.  Nothing here parses a body: that is a dialect's job.  A conversation's

@@ -7,7 +7,7 @@ tool messages, ``thinking`` an assistant's earlier reasoning); ``system`` (a str
 blocks) a system message; Anthropic's tools (``input_schema``) function tools.  Fields this
 server does not act on (``metadata``, ``cache_control``, ``output_config``,
 ``context_management``, a tool's ``defer_loading``, ...) are accepted and ignored, as Claude
-Code sends them.  The streamed events are written by :mod:`.anthropic_stream`.  Everything
+Code sends them.  The streamed events are written by :mod:`.stream`.  Everything
 here is pure: no I/O, no scheduler.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 from ...errors import InvalidRequestError
 from ...generation.answer import Answer
 from ...generation.requests import ChatRequest, Message, Think, ToolCall
-from ..requests import check_option, get_bool, get_model, get_str, merge_options
+from ..bodies import check_option, get_bool, get_model, get_str, merge_options
 from ..tool_choice import anthropic_tool_choice
 from .billing_header import without_billing_block
 

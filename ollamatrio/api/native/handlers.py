@@ -1,6 +1,6 @@
 """Handlers of Ollama's native ``/api`` routes that answer in one piece.
 
-A body is translated (:mod:`.native_wire`), its model resolved and checked (:mod:`.pipeline`,
+A body is translated (:mod:`.wire`), its model resolved and checked (:mod:`.pipeline`,
 :mod:`.models`), then answered.  The streams (generation, pull and create progress) are
 served as plain ASGI in api/routes.py, each owning its source for exactly as long as it
 writes, and so is a blob upload (``POST /api/blobs/<digest>``, api/blob_upload.py), whose
@@ -21,10 +21,10 @@ from ...store import parse_digest
 from ...wire import rfc3339, rfc3339_from_timestamp
 from .. import pipeline
 from ..answers import empty_response, json_response
+from ..bodies import get_bool, get_model, get_str, read_json
 from ..errors import error_response
 from ..models import ApiContext, show
 from ..plan import Plan, plan_generation
-from ..requests import get_bool, get_model, get_str, read_json
 from ..table import Views, views_of
 from . import wire
 from . import wire as native_wire

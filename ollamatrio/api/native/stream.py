@@ -1,8 +1,8 @@
 """The native dialect's wire encoders: ``/api/generate`` and ``/api/chat`` NDJSON lines, one
 piece of bytes per engine wake-up, and the progress lines of a stream that waits for its
 model to load (:meth:`GenerateLines.load_line`).  The single object of ``"stream": false`` is
-rendered from the folded answer (:func:`.native_wire.generate_answer`,
-:func:`.native_wire.chat_answer`)."""
+rendered from the folded answer (:func:`.wire.generate_answer`,
+:func:`.wire.chat_answer`)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ and the core's folded answers to Ollama's objects.
 
 Pure: no I/O, no scheduler.  A body that does not check out raises
 :class:`~ollamatrio.errors.InvalidRequestError` (a 400) naming the field, with Ollama's
-messages.  The streamed lines are written by :mod:`.native_stream`.
+messages.  The streamed lines are written by :mod:`.stream`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from ...generation.answer import Answer
 from ...generation.relay import Timings
 from ...generation.requests import ChatRequest, EmbedRequest, GenerateRequest, Message, ToolCall
 from ...wire import ns, rfc3339
-from ..pipeline import Embedded
-from ..requests import (
+from ..bodies import (
     get_bool,
     get_format,
     get_int,
@@ -34,6 +33,7 @@ from ..requests import (
     get_top_logprobs,
     type_error,
 )
+from ..pipeline import Embedded
 
 # -- requests --------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 OpenAI error shape of every ``/v1`` route.
 
 A dialect over the typed core, as Ollama's ``middleware/openai.go`` is over its native API:
-each OpenAI body becomes one of the core's requests (:mod:`.openai_wire`), goes through the
+each OpenAI body becomes one of the core's requests (:mod:`.wire`), goes through the
 same model checks, option merging, lease and engine stream as every dialect
 (:mod:`.pipeline`; generations in :mod:`.routes`), and the core's answers are rendered as
 OpenAI objects or server-sent events.
@@ -17,9 +17,9 @@ from quart import Response, request
 from ...wire import SSE, SSE_DONE
 from .. import pipeline
 from ..answers import v1_json_response
+from ..bodies import read_json
 from ..models import ApiContext
 from ..plan import Plan, plan_generation
-from ..requests import read_json
 from ..table import Views, views_of
 from . import wire
 from .stream import ChatEvents, CompletionEvents

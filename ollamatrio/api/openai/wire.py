@@ -4,7 +4,7 @@ core's folded answers to OpenAI objects.
 Bodies are read straight into :mod:`ollamatrio.generation.requests` records (checked with
 the helpers of :mod:`.requests`, with the errors Ollama's ``openai`` package gives); answers
 come from :class:`~ollamatrio.generation.answer.Answer`.  The streamed events are written by
-:mod:`.openai_stream`.  Everything here is pure: no I/O, no scheduler.
+:mod:`.stream`.  Everything here is pure: no I/O, no scheduler.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ...generation.requests import (
     ToolCall,
 )
 from ...wire import json_bytes
-from ..requests import (
+from ..bodies import (
     check_option,
     get_bool,
     get_int,

@@ -6,7 +6,7 @@ Items are read as Ollama's ``openai/responses.go`` reads them: ``message`` items
 content as a string or ``input_text``/``output_text``/``input_image`` parts),
 ``function_call``, ``function_call_output`` and ``reasoning`` (its summary is the thinking of
 the assistant turn that follows).  The streamed events are written by
-:mod:`.responses_stream`.  Everything here is pure: no I/O, no scheduler.
+:mod:`.stream`.  Everything here is pure: no I/O, no scheduler.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from ...errors import InvalidRequestError
 from ...generation.answer import Answer
 from ...generation.relay import Timings
 from ...generation.requests import ChatRequest, Format, Message, Think, ToolCall
+from ..bodies import check_option, get_bool, get_keep_alive, get_model, get_str
 from ..openai import wire as openai_wire
-from ..requests import check_option, get_bool, get_keep_alive, get_model, get_str
 from ..tool_choice import responses_tool_choice
 
 

@@ -2,7 +2,7 @@
 and the checking and merging of Ollama's options.
 
 Every helper raises :class:`~ollamatrio.errors.InvalidRequestError` (a 400) with a message
-naming the field.  The dialects' translations (``native_wire``, ``openai_wire``) build the
+naming the field.  The dialects' translations (each dialect's ``wire.py``) build the
 core's typed requests (:mod:`ollamatrio.generation.requests`) with them.
 """
 
