@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ollamatrio.config import DEFAULT_STALL_TIMEOUT
+from ollamatrio.engines.chunk_stream import ChunkStream
 from ollamatrio.engines.handshake import LoadStall, send_config, wait_ready, watch_load
 from ollamatrio.engines.health import RunnerWatch
 from ollamatrio.engines.protocol import LoadProgress
@@ -55,7 +56,7 @@ from ollamatrio.errors import OllamatrioError, RunnerCrashedError, RunnerError
 from ollamatrio.runner.events import RunnerMemory, RunnerReady
 from ollamatrio.runner.options import RunnerConfig
 from ollamatrio.slot_cache import SAVE_SECONDS, SlotCache, cache_key
-from ollamatrio.types import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage
+from ollamatrio.types import CompletionRequest, Embeddings, LoadSpec, MemoryUsage
 
 if TYPE_CHECKING:
     from ollamatrio.config import Settings
@@ -382,7 +383,7 @@ class ProcessEngine(RunnerClient):
         self._spare = None
 
     @asynccontextmanager
-    async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[ChunkStream]:
         try:
             async with super().complete(request) as chunks:
                 yield chunks
@@ -399,11 +400,11 @@ class ProcessEngine(RunnerClient):
 
     # -- health ------------------------------------------------------------------------
 
-    async def _runner_gone(self, exc: BaseException | None) -> RunnerError:
+    async def runner_gone(self, exc: BaseException | None) -> RunnerError:
         error = await self._watch.lost(closing=self._closing)
-        return error if error is not None else await super()._runner_gone(exc)
+        return error if error is not None else await super().runner_gone(exc)
 
-    async def _stalled(self) -> RunnerError:
+    async def stalled(self) -> RunnerError:
         """Kill the silent runner; its supervisor reports the exit as a crash, so the
         scheduler drops it and the next request starts a new one."""
         return await self._watch.kill_stalled(self._stall_message())
