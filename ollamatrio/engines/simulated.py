@@ -104,7 +104,7 @@ class ChunkByChunk:
     """A stream of chunks as :class:`~ollamatrio.engines.protocol.ChunkBatches`, every
     chunk a wake-up of its own (the simulated engine's, and test doubles')."""
 
-    def __init__(self, chunks: AsyncIterator[Chunk]) -> None:
+    def __init__(self, chunks: AsyncGenerator[Chunk, None]) -> None:
         self._chunks = chunks
 
     def __aiter__(self) -> ChunkByChunk:
@@ -118,6 +118,10 @@ class ChunkByChunk:
             return [await self._chunks.__anext__()]
         except StopAsyncIteration:
             return []
+
+    async def aclose(self) -> None:
+        """Close the generator, which a relay done early leaves unfinished."""
+        await self._chunks.aclose()
 
 
 class SimulatedEngine:
