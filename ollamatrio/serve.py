@@ -24,7 +24,6 @@ from .config import Settings, join_host_port
 from .devices import DeviceSource, device_source
 from .engines import default_engine_factory
 from .engines.capability import engine_device_source
-from .engines.process import ProcessEngineFactory
 from .engines.protocol import EngineFactory
 from .errors import OllamatrioError
 from .http.budget import ConnectionBudget, default_cap, raise_open_file_limit
@@ -248,10 +247,9 @@ async def _serve(
                     nursery.cancel_scope.cancel()
 
                 task_status.started(await nursery.start(http))
-                if isinstance(engines, ProcessEngineFactory):
-                    # A runner waiting for the next cold load (OLLAMATRIO_SPARE_RUNNER),
-                    # started once the listener is up: it does not slow the start.
-                    nursery.start_soon(engines.keep_spare)
+                # A runner waiting for the next cold load (OLLAMATRIO_SPARE_RUNNER),
+                # started once the listener is up: it does not slow the start.
+                nursery.start_soon(engines.keep_spare)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(UNLOAD_TIMEOUT):
                 scheduler.unload_all()

@@ -214,7 +214,7 @@ async def memory_case(target: Target, case: Case, path: Path) -> MemoryRow:
             if target.real:
                 engine = lease.engine
                 row.at_ready = engine.memory.vram_by_gpu.get(target.gpu_id, 0)
-                n_prompt = min(engine.ready["plan"]["n_ubatch"] + PROMPT_EXTRA, case.num_ctx - 8)
+                n_prompt = min(engine.ready.plan.n_ubatch + PROMPT_EXTRA, case.num_ctx - 8)
                 body = {"prompt": [TOKEN_ID] * n_prompt, "n_predict": 1, "cache_prompt": False}
                 status, answer = await engine.http.request(
                     "POST", "/completion", json.dumps(body).encode()

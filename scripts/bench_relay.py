@@ -308,7 +308,7 @@ async def measure(
     async with factory.open(spec) as engine:
         assert isinstance(engine, ProcessEngine)
         runner = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=engine.ready["socket"]),
+            transport=httpx.AsyncHTTPTransport(uds=engine.ready.socket),
             base_url="http://runner",
             headers={"Authorization": f"Bearer {engine._config.api_key}"},
             timeout=120,

@@ -71,7 +71,7 @@ async def runner_round(args: argparse.Namespace, round_: int) -> dict[str, Any]:
     started = time.perf_counter()
     async with factory.open(spec_for(args, 1)) as engine:
         result["load"] = time.perf_counter() - started
-        result["runner_load_seconds"] = engine.ready["load_seconds"]
+        result["runner_load_seconds"] = engine.ready.load_seconds
         for n in range(STREAMS_PER_ROUND):
             request = CompletionRequest(prompt=prompt_for(round_, n), options=options(args.tokens))
             result["streams"].append(await _timed_stream(engine, request))

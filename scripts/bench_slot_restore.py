@@ -101,7 +101,7 @@ async def measure(args: argparse.Namespace, tokens: int) -> dict[str, float]:
             restored_ttft, restored_n = await ask(engine, longer)
             name = next(p.name for p in cache.folder.glob("*.bin"))
             started = time.perf_counter()
-            await engine._post_json("/slots/1?action=restore", {"filename": name})
+            await engine.post_json("/slots/1?action=restore", {"filename": name})
             restore_call = time.perf_counter() - started
         async with ProcessEngineFactory(load_timeout=600).open(spec) as engine:
             full_ttft, full_n = await ask(engine, longer)

@@ -420,6 +420,9 @@ class RecordingEngines:
         async with self.inner.open(spec) as engine:
             yield _RecordingEngine(engine, self.requests)
 
+    async def keep_spare(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        await self.inner.keep_spare(task_status=task_status)
+
 
 async def _create(c: httpx.AsyncClient, **body: Any) -> None:
     r = await c.post("/api/create", json={**body, "stream": False})

@@ -1,5 +1,6 @@
 """The package's floors: every module imports only from its own unit or from units on lower
-floors, and the import graph has no circle.
+floors, and the import graph has no circle; and no module reaches into another's private
+members (``obj._name``).
 
 The order below is the one ``docs/architecture.md`` draws; a new module belongs to the unit
 of its package (or, at the top level, to its own name).  Every import counts: at module
@@ -179,3 +180,128 @@ def test_a_dialect_imports_no_other_dialect() -> None:
             if other not in (None, dialect) and (dialect, target) not in DIALECT_READS:
                 wrong.append(f"{module}:{line} imports {target}")
     assert wrong == []
+
+
+# -- private members stay in their module ----------------------------------------------------
+
+# Private members of other code that a module may use, each for its reason (module -> names).
+FOREIGN_PRIVATES: dict[str, set[str]] = {
+    # Hypercorn's HTTP/1.1 protocol has no public hook to refuse h2c upgrades.
+    "http/hypercorn_bridge.py": {"_check_protocol", "_send_error_response"},
+    # The marker this module sets on the logging handlers it installs.
+    "log.py": {"_ollamatrio"},
+    # A namedtuple's documented API (prometheus_client's Sample).
+    "observability/metrics.py": {"_replace"},
+    # os._exit: leave at once, without llama.cpp's teardown or Python's.
+    "runner/__main__.py": {"_exit"},
+    "runner/probe.py": {"_exit"},
+    # moved by the transport-errors change
+    "engines/chunk_stream.py": {"_reported"},
+}
+
+
+def _is_protocol(node: ast.ClassDef) -> bool:
+    return any(ast.unparse(base).split("[")[0].endswith("Protocol") for base in node.bases)
+
+
+def _defined_here(tree: ast.Module) -> set[str]:
+    """The names a module defines: functions, classes and class attributes, and what it
+    assigns on ``self`` or ``cls``.  A protocol's members only say what another module
+    defines, so they do not count."""
+    stubs = {
+        id(item)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and _is_protocol(node)
+        for item in node.body
+    }
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+        if isinstance(node, definition) and id(node) not in stubs:
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef) and not _is_protocol(node):
+            for item in node.body:
+                targets = item.targets if isinstance(item, ast.Assign) else []
+                if isinstance(item, ast.AnnAssign):
+                    targets = [item.target]
+                names.update(t.id for t in targets if isinstance(t, ast.Name))
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
+            names.add(node.attr)
+    return names
+
+
+def _is_own(value: ast.expr) -> bool:
+    """``self``, ``cls`` or ``super()``: the object's own members."""
+    if isinstance(value, ast.Name):
+        return value.id in ("self", "cls")
+    return isinstance(value, ast.Call) and ast.unparse(value.func) == "super"
+
+
+def foreign_private_uses(
+    source: str, allowed: set[str] | frozenset[str] = frozenset()
+) -> list[tuple[int, str]]:
+    """``(line, "obj._name")`` for each use of a private member that the module neither
+    defines nor is allowed (single underscore, on an object other than its own)."""
+    tree = ast.parse(source)
+    defined = _defined_here(tree) | allowed
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and not _is_own(node.value)
+            and node.attr not in defined
+        ):
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def test_no_private_member_is_used_outside_its_module() -> None:
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        allowed = FOREIGN_PRIVATES.get(relative, set())
+        for line, use in foreign_private_uses(path.read_text(), allowed):
+            wrong.append(f"ollamatrio/{relative}:{line} {use}")
+    assert wrong == []
+
+
+def test_every_allowed_private_is_still_used() -> None:
+    """An allowance whose use is gone is removed with it."""
+    unused = []
+    for relative, names in FOREIGN_PRIVATES.items():
+        used = {
+            use.rpartition(".")[2]
+            for _, use in foreign_private_uses((PACKAGE / relative).read_text())
+        }
+        unused += [f"{relative}: {name}" for name in sorted(names - used)]
+    assert unused == []
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("def f(engine):\n    return engine._gone()\n", [(2, "engine._gone")]),
+        ("x = a.b._c\n", [(1, "a.b._c")]),
+        ("h = object()\nh._mark = 1\n", [(2, "h._mark")]),  # set on another object
+        (
+            "class P(Protocol):\n    def _hook(self): ...\ndef f(p):\n    p._hook()\n",
+            [(4, "p._hook")],  # a protocol only declares it
+        ),
+        ("class C:\n    def _hook(self): ...\ndef f(c):\n    c._hook()\n", []),
+        ("class C:\n    def __init__(self):\n        self._n = 0\ndef f(c):\n    c._n\n", []),
+        ("class C:\n    _k = 1\nC._k\n", []),
+        ("class C(B):\n    def f(self):\n        super()._g()\n        self._h\n", []),
+        ("x.__dict__\n", []),
+    ],
+)
+def test_private_uses_are_found(source: str, expected: list[tuple[int, str]]) -> None:
+    """The checker itself: another object's private member is found unless this module
+    defines it (a protocol's declaration does not count)."""
+    assert foreign_private_uses(source) == expected

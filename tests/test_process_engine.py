@@ -610,10 +610,10 @@ async def test_open_loads_serves_and_closes(tiny_gguf: TinyGGUF) -> None:
         spec = LoadSpec(model_path=str(model), name="tiny", num_ctx=512)
         async with factory.open(spec) as engine:
             seen["pid"] = engine.pid
-            seen["socket_dir"] = socket_dir = os.path.dirname(engine.ready["socket"])
+            seen["socket_dir"] = socket_dir = os.path.dirname(engine.ready.socket)
             assert stat.S_IMODE(os.stat(socket_dir).st_mode) == 0o700
             assert engine.context_length == 512
-            assert engine.memory.total == engine.ready["memory"]["rss"]
+            assert engine.memory.total == engine.ready.memory.rss
             assert engine.memory.vram_by_gpu == {}
             assert await engine.healthy()
             # The model's own (ChatML) template renders the messages: the prompt llama.cpp
@@ -643,7 +643,7 @@ async def test_closing_a_stopped_runner_does_not_wait_out_the_grace(tiny_gguf: T
     factory = ProcessEngineFactory(kill_grace=30.0)
     with trio.fail_after(60):
         async with factory.open(LoadSpec(model_path=str(tiny_gguf()), name="t")) as engine:
-            folder = os.path.dirname(engine.ready["socket"])
+            folder = os.path.dirname(engine.ready.socket)
             assert engine.pid is not None
             os.kill(engine.pid, signal.SIGSTOP)
             closing = trio.current_time()

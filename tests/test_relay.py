@@ -22,6 +22,17 @@ class BatchedStream:
     def __init__(self, batches: list[list[Chunk]]) -> None:
         self._batches = batches
         self.gate_send, self._gate = trio.open_memory_channel[None](0)
+        self._pending: list[Chunk] = []
+
+    def __aiter__(self) -> BatchedStream:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        while not self._pending:
+            self._pending = await self.next_batch()
+            if not self._pending:
+                raise StopAsyncIteration
+        return self._pending.pop(0)
 
     async def next_batch(self) -> list[Chunk]:
         if not self._batches:

@@ -367,7 +367,7 @@ async def test_a_deep_temporary_directory_puts_runner_folders_in_tmp(
     assert runner_temp_dir() == "/tmp"
     with trio.fail_after(60):
         async with ProcessEngineFactory().open(LoadSpec(str(tiny_gguf()), "tiny")) as engine:
-            folder = os.path.dirname(engine.ready["socket"])
+            folder = os.path.dirname(engine.ready.socket)
             assert os.path.dirname(folder) == "/tmp"
             assert await engine.healthy()
     assert not await trio.Path(folder).exists()
@@ -483,7 +483,7 @@ async def test_server_start_removes_only_stale_runner_folders(
         kept.add(os.path.basename(foreign))
     model = tiny_gguf()
     async with ProcessEngineFactory().open(LoadSpec(model_path=str(model), name="live")) as live:
-        live_folder = os.path.dirname(live.ready["socket"])
+        live_folder = os.path.dirname(live.ready.socket)
         settings = Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models")
         devices = SimulatedDevices(json.dumps({"gpus": [], "system": {"total": 8 << 30}}))
         stop = trio.Event()

@@ -49,6 +49,9 @@ class GatedEngines:
             self.opened.set()
             yield engine
 
+    async def keep_spare(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        await self.inner.keep_spare(task_status=task_status)
+
 
 async def test_preload_loads_in_the_background_with_the_models_settings(
     tmp_path: Path, tiny_gguf, caplog: pytest.LogCaptureFixture

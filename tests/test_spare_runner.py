@@ -1,21 +1,30 @@
 """The spare runner (``engines/spare.py``): a real runner process started ahead of need takes
 the next cold load, skipping the interpreter and the engine's import; the next spare starts
 once that runner's first request is over; an unused spare ends with the keeper, its folder
-removed."""
+removed, also when the server is killed outright."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
+import subprocess
 import sys
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
+import httpx
 import pytest
 import trio
+from conftest import import_model
 
 from ollamatrio.engines.process import ProcessEngineFactory
 from ollamatrio.engines.spare import Spare, SpareKeeper
+from ollamatrio.runner.folders import PREFIX
+from ollamatrio.store import ModelStore
 from ollamatrio.types import CompletionRequest, LoadSpec
 
 
@@ -78,3 +87,91 @@ async def test_a_spare_that_dies_while_waiting_ends_the_keeping(
 
 def test_no_spare_without_settings_that_ask_for_one() -> None:
     assert ProcessEngineFactory().spares is None
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A private temporary directory shallow enough for runner sockets."""
+    temp = Path(tempfile.mkdtemp(prefix="ot-", dir="/tmp"))
+    yield temp
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+async def runner_folders(temp: Path) -> list[str]:
+    names = await trio.to_thread.run_sync(os.listdir, temp)
+    return [name for name in names if name.startswith(PREFIX)]
+
+
+class ServerLog:
+    """A server's stderr, drained: its address, and how many spare runners said ready."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self.text = b""
+        self.listening: str | None = None
+        self.spares_ready = 0
+        self._changed = trio.Event()
+
+    async def drain(self) -> None:
+        while data := await self._stream.receive_some():
+            self.text += data
+            if self.listening is None and (
+                url := re.search(rb"Listening on (http://\S+)\s", self.text)
+            ):
+                self.listening = url.group(1).decode()
+            self.spares_ready = len(re.findall(rb"spare runner \d+ ready", self.text))
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def wait_for(self, seen: Callable[[], object]) -> None:
+        while not seen():
+            await self._changed.wait()
+
+
+async def test_a_server_killed_outright_leaves_no_runner_folder(
+    tiny_gguf, tmp_path: Path, short_tmp: Path
+) -> None:
+    """SIGKILL the server while a model is loaded and the next spare waits: the model's
+    runner and the spare each remove their own folder (stdin EOF) within seconds."""
+    models = tmp_path / "models"
+    await trio.to_thread.run_sync(import_model, ModelStore(models), "tiny", tiny_gguf())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OLLAMA", "CUDA"))}
+    env |= {
+        "OLLAMA_HOST": "127.0.0.1:0",
+        "OLLAMA_MODELS": str(models),
+        "OLLAMA_DEBUG": "1",  # the keeper's "spare runner N ready" lines
+        "OLLAMATRIO_SPARE_RUNNER": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "TMPDIR": str(short_tmp),
+    }
+    server = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "ollamatrio", "serve"], env=env, stderr=subprocess.PIPE
+    )
+    assert server.stderr is not None
+    log = ServerLog(server.stderr)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(log.drain)  # until the killed server's stderr closes
+            with trio.fail_after(120):
+                await log.wait_for(lambda: log.listening and log.spares_ready == 1)
+                async with httpx.AsyncClient(base_url=log.listening, timeout=None) as client:
+                    body = {"model": "tiny", "prompt": "hi", "options": {"num_predict": 2}}
+                    answer = await client.post("/api/generate", json={**body, "stream": False})
+                    assert answer.status_code == 200, answer.text
+                    # The load took the spare; once its first request ended, the next one.
+                    await log.wait_for(lambda: log.spares_ready == 2)
+                    assert len(await runner_folders(short_tmp)) == 2  # the runner's, the spare's
+            server.kill()
+            await server.wait()
+        # The runner and the spare are other processes, with no event to wait on here:
+        # poll their folders, within a bound.
+        with trio.move_on_after(3):
+            while await runner_folders(short_tmp):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        assert await runner_folders(short_tmp) == []
+    finally:
+        if server.returncode is None:
+            server.kill()
+        with trio.CancelScope(shield=True):
+            await server.wait()
+            await server.stderr.aclose()

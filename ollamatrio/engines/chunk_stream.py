@@ -40,13 +40,13 @@ class StreamClient(Protocol):
 
     stall_timeout: float  # seconds a generation may go without a byte
 
-    async def _stalled(self) -> RunnerError: ...
+    async def stalled(self) -> RunnerError: ...
 
-    async def _runner_gone(self, exc: BaseException | None) -> RunnerError: ...
+    async def runner_gone(self, exc: BaseException | None) -> RunnerError: ...
 
     def _reported(self, exc: RunnerReportedError) -> Exception: ...
 
-    async def _render(self, request: CompletionRequest) -> str: ...
+    async def render(self, request: CompletionRequest) -> str: ...
 
     async def tokenize_prompt(self, text: str) -> list[int]: ...
 
@@ -59,7 +59,7 @@ async def stall_guard(engine: StreamClient) -> AsyncIterator[trio.CancelScope]:
     with trio.CancelScope() as scope:
         yield scope
     if scope.cancelled_caught:
-        raise await engine._stalled()
+        raise await engine.stalled()
 
 
 class GenerationContext:
@@ -79,7 +79,7 @@ class GenerationContext:
                 request = self._request
                 prompt = request.prompt
                 if prompt is None:
-                    prompt = await self._engine._render(request)
+                    prompt = await self._engine.render(request)
                 tokens = await self._engine.tokenize_prompt(prompt + "".join(self._answer))
                 chunk = replace(chunk, context=tuple(tokens))
             out.append(chunk)
@@ -160,7 +160,7 @@ class ChunkStream:
             events = await self._events.next_batch()
         except RunnerConnectionError as exc:
             self._finished = True
-            raise await self._engine._runner_gone(exc) from exc
+            raise await self._engine.runner_gone(exc) from exc
         finally:
             if stall is not None:
                 stall.deadline = math.inf  # the time spent elsewhere is not a stall
@@ -177,5 +177,5 @@ class ChunkStream:
             chunks.extend(self._parser.finish())
             self._finished = True
             if not self._parser.done:  # it stopped without its final event
-                raise await self._engine._runner_gone(None)
+                raise await self._engine.runner_gone(None)
         return chunks

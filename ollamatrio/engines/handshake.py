@@ -1,9 +1,10 @@
 """The ready handshake: the runner's configuration in, its ready line out.
 
 The engine writes a :class:`~ollamatrio.runner.options.RunnerConfig` as one JSON line on
-the runner's stdin (the API key never touches argv) and waits for one JSON line on its
-stdout: ``{"event": "ready", ...}`` with the socket, the context length and the measured
-memory, or an error (an out-of-memory one marked as such).  The wait has no fixed limit but
+the runner's stdin (the API key never touches argv) and waits for one event line on its
+stdout (``runner/events.py``): a :class:`~ollamatrio.runner.events.RunnerReady` with the
+socket, the context length and the measured memory, or a failure (an out-of-memory one
+marked as such).  The wait has no fixed limit but
 a stall timeout, ``load_timeout`` seconds without progress, that every stderr line of the
 loading runner extends (:class:`LoadStall`).  Meanwhile :func:`watch_load` reports how much
 of the model file the runner has read.
@@ -11,21 +12,17 @@ of the model file the runner has read.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import trio
 
 from ollamatrio.engines.load_watch import watch_file_reads
 from ollamatrio.engines.protocol import LoadProgress
 from ollamatrio.errors import OutOfMemoryError, RunnerStartError
+from ollamatrio.runner.events import SPARE_LINE, MalformedEventError, RunnerReady, read_event
 from ollamatrio.runner.logs import LineTail
 from ollamatrio.runner.options import RunnerConfig, is_oom
-
-# What a spare runner writes once its imports are done (runner/__main__.py).
-SPARE_LINE = b'{"event":"spare"}\n'
 
 
 async def send_config(stdin: trio.abc.SendStream, config: RunnerConfig) -> None:
@@ -65,7 +62,7 @@ async def wait_ready(
     stall: LoadStall,
     tail: LineTail,
     died: Callable[[], Awaitable[str]],
-) -> dict[str, Any]:
+) -> RunnerReady:
     """The runner's ready line; :class:`RunnerStartError` (or :class:`OutOfMemoryError`)
     when it reports an error, stalls, or dies first (``died`` says how)."""
     buffer = b""
@@ -90,22 +87,14 @@ async def wait_ready(
     line = buffer.split(b"\n", 1)[0].strip()
     if not line:  # stdout closed: the runner died while loading
         raise RunnerStartError(await died())
-    event: dict[str, Any] = parse_ready_line(line)
-    if event.get("event") == "ready":
-        return event
-    error = str(event.get("error") or "unknown error")
-    cls = OutOfMemoryError if event.get("oom") or is_oom(error) else RunnerStartError
-    raise cls(f"llama runner failed to load model {name!r}: {error}")
-
-
-def parse_ready_line(line: bytes) -> dict[str, Any]:
     try:
-        event = json.loads(line)
-    except ValueError as exc:
-        raise RunnerStartError(f"runner printed an unexpected line: {line[:200]!r}") from exc
-    if not isinstance(event, dict):
-        raise RunnerStartError(f"runner printed an unexpected line: {line[:200]!r}")
-    return event
+        event = read_event(line)
+    except MalformedEventError as exc:
+        raise RunnerStartError(str(exc)) from None
+    if isinstance(event, RunnerReady):
+        return event
+    cls = OutOfMemoryError if event.oom or is_oom(event.error) else RunnerStartError
+    raise cls(f"llama runner failed to load model {name!r}: {event.error}")
 
 
 async def watch_load(

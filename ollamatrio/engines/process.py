@@ -28,6 +28,7 @@ reason and the scheduler, seeing a crash, starts a new runner for the next reque
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ollamatrio.config import DEFAULT_STALL_TIMEOUT
+from ollamatrio.engines.chunk_stream import ChunkStream
 from ollamatrio.engines.handshake import LoadStall, send_config, wait_ready, watch_load
 from ollamatrio.engines.health import RunnerWatch
 from ollamatrio.engines.protocol import LoadProgress
@@ -51,9 +53,10 @@ from ollamatrio.engines.slot_persist import SlotPersistence
 from ollamatrio.engines.spare import Spare, SpareKeeper, adopt_runner_process
 from ollamatrio.engines.spawn import run_runner_process, runner_argv, runner_env, runner_folder
 from ollamatrio.errors import OllamatrioError, RunnerCrashedError, RunnerError
+from ollamatrio.runner.events import RunnerMemory, RunnerReady
 from ollamatrio.runner.options import RunnerConfig
 from ollamatrio.slot_cache import SAVE_SECONDS, SlotCache, cache_key
-from ollamatrio.types import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage
+from ollamatrio.types import CompletionRequest, Embeddings, LoadSpec, MemoryUsage
 
 if TYPE_CHECKING:
     from ollamatrio.config import Settings
@@ -128,12 +131,13 @@ class ProcessEngineFactory:
         # The spare starts with a CPU load's environment (every GPU hidden): a load on GPUs
         # (their own visible devices) starts a runner of its own, as before.
         self.spares = (
-            SpareKeeper(runner_argv(python), self._runner_env(LoadSpec(model_path="", name="")))
+            SpareKeeper(runner_argv(python), self.runner_env(LoadSpec(model_path="", name="")))
             if spare_runner
             else None
         )
 
-    def _runner_env(self, spec: LoadSpec) -> dict[str, str]:
+    def runner_env(self, spec: LoadSpec) -> dict[str, str]:
+        """The environment a runner for ``spec`` starts with."""
         return runner_env(self.env, spec)
 
     async def keep_spare(
@@ -154,7 +158,7 @@ class ProcessEngineFactory:
         if self.slot_cache is not None and not spec.embedding:
             slot_save_dir = str(await trio.to_thread.run_sync(self.slot_cache.ensure_folder))
         opened = time.monotonic()
-        spare = self.spares.take(self._runner_env(spec)) if self.spares is not None else None
+        spare = self.spares.take(self.runner_env(spec)) if self.spares is not None else None
         made = (spare.socket_dir, spare.owner_fd) if spare is not None else None
         with runner_folder(made) as (socket_dir, owner_fd):
             config = RunnerConfig(
@@ -215,7 +219,7 @@ class ProcessEngine(RunnerClient):
         self._lifetime = trio.CancelScope()
         self._progress = progress
         self._persistence: SlotPersistence | None = None  # with a prompt cache, once ready
-        self.ready: dict[str, Any] = {}  # the runner's ready line
+        self.ready: RunnerReady | None = None  # the runner's ready line, once ready
         self._marks: dict[str, float] = {}  # time.monotonic() at each end of a load phase
         self._spare: Spare | None = None  # the spare runner this engine took, if any
 
@@ -236,9 +240,9 @@ class ProcessEngine(RunnerClient):
 
     @property
     def memory(self) -> MemoryUsage:
-        measured = self.ready.get("memory") or {}
-        vram = {str(k): int(v) for k, v in (measured.get("vram_by_gpu") or {}).items()}
-        host = int(measured.get("rss") or measured.get("uss") or 0)
+        measured = self.ready.memory if self.ready is not None else RunnerMemory()
+        vram = dict(measured.vram_by_gpu)
+        host = measured.rss or measured.uss
         return MemoryUsage(total=host + sum(vram.values()), vram_by_gpu=vram)
 
     @property
@@ -279,7 +283,7 @@ class ProcessEngine(RunnerClient):
                 start = partial(
                     run_runner_process,
                     argv,
-                    env=self._factory._runner_env(self._spec),
+                    env=self._factory.runner_env(self._spec),
                     owner_fd=self._owner_fd,
                     kill_grace=self._factory.kill_grace,
                     exited=watch.exited,
@@ -300,7 +304,7 @@ class ProcessEngine(RunnerClient):
                     watch_load, process.pid, self._spec.model_path, total, self._progress, watching
                 )
             try:
-                self.ready = await wait_ready(
+                ready = self.ready = await wait_ready(
                     process.stdout,
                     name=self._spec.name,
                     stall=self._load_stall,
@@ -311,19 +315,17 @@ class ProcessEngine(RunnerClient):
                 watching.cancel()
             if self._progress is not None:
                 self._progress(total, total)
-            self._context_length = int(self.ready.get("context_length") or self._spec.num_ctx)
+            self._context_length = ready.context_length or self._spec.num_ctx
             cache = self._factory.slot_cache
-            plan = self.ready.get("plan") or {}
+            plan = dataclasses.asdict(ready.plan) if ready.plan is not None else {}
             if cache is not None and self._config.slot_save_dir and not plan.get("embedding"):
                 key = cache_key(self._spec, plan, self._context_length)
                 self._persistence = SlotPersistence(
                     self, cache, key=key, model_path=self._spec.model_path
                 )
-            async with open_runner_http(self.ready["socket"], self._config.api_key) as http:
+            async with open_runner_http(ready.socket, self._config.api_key) as http:
                 self._http = http
-                marks = self.ready.get("marks")
-                if isinstance(marks, dict):
-                    self._marks.update({str(k): float(v) for k, v in marks.items()})
+                self._marks.update(ready.marks)
                 self._marks["handshake"] = time.monotonic()
                 # Ready: from now on only the engine's owner stops the runner (``_stop``), so
                 # that a cancelled owner can still save its slots before the SIGTERM.
@@ -381,7 +383,7 @@ class ProcessEngine(RunnerClient):
         self._spare = None
 
     @asynccontextmanager
-    async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[ChunkStream]:
         try:
             async with super().complete(request) as chunks:
                 yield chunks
@@ -398,11 +400,11 @@ class ProcessEngine(RunnerClient):
 
     # -- health ------------------------------------------------------------------------
 
-    async def _runner_gone(self, exc: BaseException | None) -> RunnerError:
+    async def runner_gone(self, exc: BaseException | None) -> RunnerError:
         error = await self._watch.lost(closing=self._closing)
-        return error if error is not None else await super()._runner_gone(exc)
+        return error if error is not None else await super().runner_gone(exc)
 
-    async def _stalled(self) -> RunnerError:
+    async def stalled(self) -> RunnerError:
         """Kill the silent runner; its supervisor reports the exit as a crash, so the
         scheduler drops it and the next request starts a new one."""
         return await self._watch.kill_stalled(self._stall_message())

@@ -9,17 +9,37 @@ unloads the model and frees everything.  If the model dies while the context is 
 :class:`~ollamatrio.errors.RunnerCrashedError` comes out of it, so the scheduler's runner
 task learns about crashes structurally, with no polling.
 
+A generation comes as :class:`ChunkBatches`: chunks one by one, or every chunk of one
+wake-up of the engine at once (what the relay writes to its client in one go).  Beyond
+loaded models, a factory may keep something ready for the next load (the process engine's
+spare runner): :meth:`EngineFactory.keep_spare`, which the server runs beside its listener.
+
 Two implementations exist: :mod:`ollamatrio.engines.process` (a runner subprocess hosting
 llama.cpp) and :mod:`ollamatrio.engines.simulated` (for tests, demos and benchmarks).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
+import trio
+
 from ..types import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage
+
+
+class ChunkBatches(Protocol):
+    """One generation's chunks: iterated one by one, or taken by wake-up."""
+
+    def __aiter__(self) -> ChunkBatches: ...
+
+    async def __anext__(self) -> Chunk: ...
+
+    async def next_batch(self) -> list[Chunk]:
+        """Every chunk of the engine's next wake-up (at least one); ``[]`` once the
+        generation has ended."""
+        ...
 
 
 class Engine(Protocol):
@@ -41,9 +61,13 @@ class Engine(Protocol):
         """Measured memory after load."""
         ...
 
-    def complete(
-        self, request: CompletionRequest
-    ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]:
+    @property
+    def load_phases(self) -> Mapping[str, float]:
+        """Seconds per phase of the load, in order (the process engine's ``LOAD_PHASES``);
+        empty from an engine that does not measure them."""
+        ...
+
+    def complete(self, request: CompletionRequest) -> AbstractAsyncContextManager[ChunkBatches]:
         """Stream a generation.  Leaving the context early stops it and frees the slot."""
         ...
 
@@ -77,3 +101,10 @@ class EngineFactory(Protocol):
     def open(
         self, spec: LoadSpec, *, progress: LoadProgress | None = None
     ) -> AbstractAsyncContextManager[Engine]: ...
+
+    async def keep_spare(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep a spare ready for the next cold load until cancelled; a factory that keeps
+        none reports started and returns."""
+        ...

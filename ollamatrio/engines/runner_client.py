@@ -5,7 +5,7 @@ llama.cpp's errors onto the project's, streams generations (:mod:`.chunk_stream`
 prompts and conversations into the context as Ollama does, and serves embeddings,
 tokenize/detokenize, health, slots and metrics.  It knows nothing of the process behind
 the socket: :class:`~ollamatrio.engines.process.ProcessEngine` adds that, overriding
-:meth:`RunnerClient._runner_gone` and :meth:`RunnerClient._stalled` to say (and act on)
+:meth:`RunnerClient.runner_gone` and :meth:`RunnerClient.stalled` to say (and act on)
 why a runner stopped answering.  :func:`open_runner_http` scopes the pooled connections.
 """
 
@@ -37,7 +37,7 @@ from ollamatrio.engines.llamacpp_wire import (
 from ollamatrio.engines.runner_http import RunnerConnectionError, RunnerHttp, RunnerStatusError
 from ollamatrio.errors import CapabilityError, InvalidRequestError, OutOfMemoryError, RunnerError
 from ollamatrio.runner.options import is_oom
-from ollamatrio.types import Chunk, CompletionRequest, Embeddings
+from ollamatrio.types import CompletionRequest, Embeddings
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +74,14 @@ class RunnerClient:
     def context_length(self) -> int:
         return self._context_length
 
-    async def _runner_gone(self, exc: BaseException | None) -> RunnerError:
+    async def runner_gone(self, exc: BaseException | None) -> RunnerError:
         """The error for a request whose connection to the runner failed."""
         return RunnerError(f"lost the connection to the model runner: {exc}")
 
     def _stall_message(self) -> str:
         return f"model runner stopped responding: no output for {self.stall_timeout:g}s"
 
-    async def _stalled(self) -> RunnerError:
+    async def stalled(self) -> RunnerError:
         """The error for a generation that got no byte for ``stall_timeout`` seconds."""
         return RunnerError(self._stall_message())
 
@@ -124,20 +124,20 @@ class RunnerClient:
         try:
             status, raw = await self.http.request(method, path, data)
         except RunnerConnectionError as exc:
-            raise await self._runner_gone(exc) from exc
+            raise await self.runner_gone(exc) from exc
         if status != 200:
             raise self._error_from_body(status, raw)
         return raw
 
-    async def _post_json(self, path: str, body: Mapping[str, Any]) -> Any:
+    async def post_json(self, path: str, body: Mapping[str, Any]) -> Any:
         return json.loads(await self._call("POST", path, body))
 
     @asynccontextmanager
-    async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[ChunkStream]:
         """Stream a generation: prompt -> ``/completion``, messages -> chat completions."""
         if request.context and request.messages is not None:
             # Ollama: the earlier context, as text, in front of the rendered prompt.
-            request = replace(request, prompt=await self._render(request), messages=None)
+            request = replace(request, prompt=await self.render(request), messages=None)
         if request.context and request.prompt is not None:
             # The prompt gets its own BOS when tokenized: drop the earlier one.
             prefix = await self.tokenize_prompt("")
@@ -171,9 +171,9 @@ class RunnerClient:
                 except RunnerStatusError as exc:
                     raise self._error_from_body(exc.status, exc.body) from None
                 except RunnerConnectionError as exc:
-                    raise await self._runner_gone(exc) from exc
+                    raise await self.runner_gone(exc) from exc
             if stall.cancelled_caught:
-                raise await self._stalled()
+                raise await self.stalled()
             # Leaving closes the connection: that is what tells llama.cpp to stop and free
             # the slot (synchronously, so it happens in a cancelled scope too).
             context = GenerationContext(self, request) if request.return_context else None
@@ -188,7 +188,7 @@ class RunnerClient:
             return asked
         return self.context_length
 
-    async def _render(self, request: CompletionRequest) -> str:
+    async def render(self, request: CompletionRequest) -> str:
         """The prompt llama.cpp's chat template makes of ``request``'s messages."""
         _, body = chat_request(request, self.context_length, self._name)
         template = {k: body[k] for k in TEMPLATE_FIELDS if k in body}
@@ -233,7 +233,7 @@ class RunnerClient:
 
         async def tokens_from(start: int) -> int:
             kept = [m for m in messages[:start] if m.role == "system"] + messages[start:]
-            prompt = await self._render(replace(request, messages=kept))
+            prompt = await self.render(replace(request, messages=kept))
             return len(await self.tokenize_prompt(prompt))
 
         whole = await tokens_from(0)
@@ -271,7 +271,7 @@ class RunnerClient:
             texts = [await self._truncated(text) for text in inputs]
         async with self._slots:
             try:
-                response = await self._post_json(
+                response = await self.post_json(
                     "/v1/embeddings",
                     {"input": texts, "encoding_format": "float", "model": self._name},
                 )
@@ -297,20 +297,20 @@ class RunnerClient:
 
     async def tokenize(self, text: str) -> list[int]:
         body = {"content": text, "add_special": False, "parse_special": True}
-        return [int(t) for t in (await self._post_json("/tokenize", body))["tokens"]]
+        return [int(t) for t in (await self.post_json("/tokenize", body))["tokens"]]
 
     async def count_tokens(self, request: CompletionRequest) -> int:
         """``request``'s prompt in tokens: rendered and tokenized as truncation measures it."""
-        prompt = request.prompt if request.prompt is not None else await self._render(request)
+        prompt = request.prompt if request.prompt is not None else await self.render(request)
         return len(await self.tokenize_prompt(prompt))
 
     async def tokenize_prompt(self, text: str) -> list[int]:
         """``text`` as llama.cpp tokenizes a prompt: special tokens parsed, BOS added."""
         body = {"content": text, "add_special": True, "parse_special": True}
-        return [int(t) for t in (await self._post_json("/tokenize", body))["tokens"]]
+        return [int(t) for t in (await self.post_json("/tokenize", body))["tokens"]]
 
     async def detokenize(self, tokens: Sequence[int]) -> str:
-        return str((await self._post_json("/detokenize", {"tokens": list(tokens)}))["content"])
+        return str((await self.post_json("/detokenize", {"tokens": list(tokens)}))["content"])
 
     async def healthy(self) -> bool:
         if self._http is None:

@@ -100,6 +100,30 @@ def behaviours_from_json(text: str) -> tuple[SimulatedBehaviour, dict[str, Simul
     return default, models
 
 
+class ChunkByChunk:
+    """A stream of chunks as :class:`~ollamatrio.engines.protocol.ChunkBatches`, every
+    chunk a wake-up of its own (the simulated engine's, and test doubles')."""
+
+    def __init__(self, chunks: AsyncGenerator[Chunk, None]) -> None:
+        self._chunks = chunks
+
+    def __aiter__(self) -> ChunkByChunk:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        return await self._chunks.__anext__()
+
+    async def next_batch(self) -> list[Chunk]:
+        try:
+            return [await self._chunks.__anext__()]
+        except StopAsyncIteration:
+            return []
+
+    async def aclose(self) -> None:
+        """Close the generator, which a relay done early leaves unfinished."""
+        await self._chunks.aclose()
+
+
 class SimulatedEngine:
     """One simulated loaded model."""
 
@@ -138,6 +162,10 @@ class SimulatedEngine:
     def memory(self) -> MemoryUsage:
         return self._memory
 
+    @property
+    def load_phases(self) -> Mapping[str, float]:
+        return {}  # a simulated load has no phases worth measuring
+
     def crash(self) -> None:
         """Make the runner die now, as an abort() in llama.cpp would."""
         self._crashed.set()
@@ -147,12 +175,12 @@ class SimulatedEngine:
             raise RunnerCrashedError("model runner has unexpectedly stopped (SIGABRT)", -6)
 
     @asynccontextmanager
-    async def complete(self, request: CompletionRequest) -> AsyncIterator[AsyncIterator[Chunk]]:
+    async def complete(self, request: CompletionRequest) -> AsyncIterator[ChunkByChunk]:
         self._check_alive()
         self.active_streams += 1
         try:
             async with aclosing(self._stream(request)) as chunks:
-                yield chunks
+                yield ChunkByChunk(chunks)
         finally:
             self.active_streams -= 1
 
@@ -265,6 +293,11 @@ class SimulatedEngineFactory:
         self.engines: dict[str, SimulatedEngine] = {}  # live ones, by model name
         self.loads = 0
         self._owners = itertools.count()
+
+    async def keep_spare(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started()  # a simulated load has nothing to start ahead
 
     def behaviour_for(self, spec: LoadSpec) -> SimulatedBehaviour:
         return self.models.get(spec.name) or self.models.get(spec.model_path) or self.default

@@ -89,9 +89,7 @@ class SlotPersistence:
         client = self._client
         if path == CHAT_PATH:
             template = {k: body[k] for k in TEMPLATE_FIELDS if k in body}
-            prompt = str(
-                json.loads(await client._call("POST", "/apply-template", template))["prompt"]
-            )
+            prompt = str((await client.post_json("/apply-template", template))["prompt"])
             return await client.tokenize_prompt(prompt)
         prompt = body["prompt"]
         if isinstance(prompt, list):
@@ -115,7 +113,7 @@ class SlotPersistence:
             return
         started = trio.current_time()
         try:
-            answer = await self._client._post_json(
+            answer = await self._client.post_json(
                 f"/slots/{slot}?action=restore", {"filename": match.name}
             )
         except InvalidRequestError as exc:  # llama.cpp could not read it: never offer it again
@@ -170,7 +168,7 @@ class SlotPersistence:
     async def _save(self, slot: int) -> bool:
         temp = self._cache.temp_name()
         try:
-            answer = await self._client._post_json(f"/slots/{slot}?action=save", {"filename": temp})
+            answer = await self._client.post_json(f"/slots/{slot}?action=save", {"filename": temp})
         except BaseException:
             # Cut short (the deadline, a runner gone): drop the half-written file now; the
             # runner may still be writing it, which an unlinked file allows.

@@ -2,7 +2,7 @@
 
 A cold load spends a few tenths of a second before llama.cpp even opens the model: the
 runner's interpreter, its imports and the engine's (xllamacpp).  :class:`SpareKeeper` keeps
-one process that has done all of that (``python -m ollamatrio.runner --spare``) and now
+one process that has done all of that (``python -m ollamatrio.runner --spare FOLDER``) and now
 blocks reading its configuration; :meth:`SpareKeeper.take` hands it to the next load whose
 environment it was started with (the same visible GPUs: a CPU load), which only sends the
 configuration.  Once the spare has served (its load failed, its first request ended, or
@@ -26,14 +26,13 @@ from dataclasses import dataclass
 
 import trio
 
-from ollamatrio.engines.handshake import SPARE_LINE
 from ollamatrio.engines.shutdown import close_pipes, terminate_then_kill
 from ollamatrio.engines.spawn import remove_runner_folder
+from ollamatrio.runner.events import SPARE_FLAG, SPARE_LINE
 from ollamatrio.runner.folders import make_runner_folder
 
 log = logging.getLogger(__name__)
 
-SPARE_FLAG = "--spare"
 SPARE_KILL_GRACE = 2.0  # seconds: a spare holds no model, SIGTERM ends it at once
 
 
@@ -120,13 +119,16 @@ class SpareKeeper:
         if line != SPARE_LINE:
             return  # it exited (b""), or wrote an error: the watcher ends the keeping
         spare.ready = True
+        log.debug("spare runner %d ready", spare.process.pid)
         self._waiting.set()
 
     async def _start(self) -> Spare:
         socket_dir, owner_fd = make_runner_folder()
         try:
+            # The spare knows its folder from the start: it removes it however it leaves,
+            # also on stdin EOF when the server was killed before it was taken.
             process = await trio.lowlevel.open_process(
-                self._argv,
+                [*self._argv, socket_dir],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import trio
 
+from ..engines.protocol import ChunkBatches
 from ..scheduler import Lease, ModelRequest, Scheduler
 from ..types import Chunk, CompletionRequest
 from ..wire import ns
@@ -43,10 +44,9 @@ class Generation:
     the lease and the engine stream and closes both when the request ends (also by
     cancellation: a client that leaves, or shutdown)."""
 
-    def __init__(self, lease: Lease, stream: Any, started: float) -> None:
+    def __init__(self, lease: Lease, stream: ChunkBatches, started: float) -> None:
         self.lease = lease
         self._stream = stream
-        self._next = getattr(stream, "next_batch", None)
         self.started = started
         self.final: Chunk | None = None  # the done chunk, once seen
         self.first_content_at: float | None = None  # trio time of the first content (TTFT)
@@ -60,13 +60,7 @@ class Generation:
         that ends without one gets a plain ``stop`` (as Ollama reports it)."""
         if self.final is not None:
             return []
-        if self._next is not None:
-            batch: list[Chunk] = await self._next()
-        else:  # an engine without batches: one chunk per wake-up
-            try:
-                batch = [await self._stream.__anext__()]
-            except StopAsyncIteration:
-                batch = []
+        batch = await self._stream.next_batch()
         if not batch:
             batch = [Chunk(done=True, done_reason="stop")]
         if self.first_content_at is None and any(_content(c) for c in batch):

@@ -4,10 +4,12 @@ Protocol with the client (:mod:`ollamatrio.engines.process`):
 
 * stdin, first line: a :class:`~ollamatrio.runner.options.RunnerConfig` as JSON (the API key
   never appears on the command line).  stdin then stays open: its EOF means the client died.
-* stdout: exactly one JSON line, ``{"event": "ready", ...}`` or ``{"event": "error", ...}``;
-  the ready line's ``marks`` say when each stretch of the start ended (``time.monotonic``).
-* ``--spare``: a spare runner (``engines/spare.py``) imports everything first, writes
-  ``{"event":"spare"}`` and only then reads its configuration.
+* stdout: exactly one JSON line, a :class:`~ollamatrio.runner.events.RunnerReady` or a
+  :class:`~ollamatrio.runner.events.RunnerFailed`; the ready line's ``marks`` say when each
+  stretch of the start ended (``time.monotonic``).
+* ``--spare FOLDER``: a spare runner (``engines/spare.py``) imports everything first, writes
+  ``{"event":"spare"}`` and only then reads its configuration.  It knows its private folder
+  (made by its keeper) from the start, so that it removes it however it leaves.
 * stderr: llama.cpp's log, forwarded.
 * The server listens on ``<socket_dir>/llama.sock`` and wants ``Authorization: Bearer <key>``.
 
@@ -35,6 +37,13 @@ from typing import Any, NoReturn
 import psutil
 import trio
 
+from ollamatrio.runner.events import (
+    SPARE_FLAG,
+    SPARE_LINE,
+    RunnerFailed,
+    RunnerMemory,
+    RunnerReady,
+)
 from ollamatrio.runner.file_limit import restore_inherited_limit
 from ollamatrio.runner.options import (
     POOLING_TYPES,
@@ -46,8 +55,6 @@ from ollamatrio.runner.options import (
     plan_load,
 )
 from ollamatrio.runner.visibility import visible_devices_env
-
-SPARE_FLAG = "--spare"  # the same as engines/spare.py's, which starts spares
 
 _PR_SET_PDEATHSIG = 1
 # The kernel sends the parent-death signal when the parent *thread* that spawned us exits
@@ -103,8 +110,8 @@ def _leave(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _emit(event: dict[str, Any]) -> None:
-    os.write(_protocol_fd, (json.dumps(event, separators=(",", ":")) + "\n").encode())
+def _emit(event: RunnerReady | RunnerFailed) -> None:
+    os.write(_protocol_fd, (event.to_json() + "\n").encode())
 
 
 def _model_facts(path: str) -> ModelFacts:
@@ -231,7 +238,7 @@ async def serve(config: RunnerConfig) -> int:
         # Abandoning the loading thread on cancel is safe: the process exits right after.
         server, plan, error = await trio.to_thread.run_sync(_load, config, abandon_on_cancel=True)
         if server is None:
-            _emit({"event": "error", "error": error, "oom": is_oom(error or "")})
+            _emit(RunnerFailed(error=error or "unknown error", oom=is_oom(error or "")))
             nursery.cancel_scope.cancel()
             return 1
         load_seconds = time.monotonic() - started
@@ -243,28 +250,15 @@ async def serve(config: RunnerConfig) -> int:
 
         _mark("ready")  # the slots asked, the memory measured
         _emit(
-            {
-                "event": "ready",
-                "socket": socket_path(config),
-                "pid": os.getpid(),
-                "context_length": context_length,
-                "memory": memory,
-                "load_seconds": round(load_seconds, 4),
-                "marks": _marks,
-                "plan": {
-                    "n_ctx": plan.n_ctx,
-                    "n_parallel": plan.n_parallel,
-                    "n_batch": plan.n_batch,
-                    "n_ubatch": plan.n_ubatch,
-                    "flash_attention": plan.flash_attention,
-                    "kv_cache_type": plan.kv_cache_type,
-                    "use_mmap": plan.use_mmap,
-                    "embedding": plan.embedding,
-                    "pooling": plan.pooling,
-                    "n_gpu_layers": plan.n_gpu_layers,
-                    "warnings": list(plan.warnings),
-                },
-            }
+            RunnerReady(
+                socket=socket_path(config),
+                pid=os.getpid(),
+                context_length=context_length,
+                memory=RunnerMemory(**memory),
+                load_seconds=round(load_seconds, 4),
+                marks=dict(_marks),
+                plan=plan,
+            )
         )
         await trio.sleep_forever()  # `server` stays referenced until the process ends
     return 0
@@ -290,7 +284,7 @@ def _import_engine(visible: Mapping[str, str]) -> bool:
         _mark("engine_import")
     except Exception as exc:  # ImportError, or OSError from a missing GPU runtime library
         error = f"cannot load the engine (xllamacpp): {type(exc).__name__}: {exc}"
-        _emit({"event": "error", "error": error, "oom": False})
+        _emit(RunnerFailed(error=error))
         return False
     return True
 
@@ -303,17 +297,20 @@ def main() -> None:
     # stderr, which the client drains; an unread stdout pipe would fill and block a writer.
     # A spare (engines/spare.py) imports everything before it waits for its configuration;
     # its environment, visible GPUs included, was set when it was started.
-    spare = SPARE_FLAG in sys.argv[1:]
+    args = sys.argv[1:]
+    spare = SPARE_FLAG in args
+    if spare:  # its folder is ours from now on: every way out removes it (_leave)
+        _socket_dir = args[args.index(SPARE_FLAG) + 1]
     _mark("main")  # the interpreter up and this module's imports done
     _protocol_fd = os.dup(1)
     os.dup2(2, 1)
     if spare:
         if not _import_engine({}):
-            os._exit(1)
-        _emit({"event": "spare"})  # ready; the keeper reads it (engines/handshake.py)
+            _leave(1)
+        os.write(_protocol_fd, SPARE_LINE)  # ready; the keeper reads it (engines/spare.py)
     line = _read_config_line()
     if not line.strip():
-        os._exit(2)  # the client died before sending anything
+        _leave(2)  # the client died before sending anything
     config = RunnerConfig.from_json(line)
     _socket_dir = config.socket_dir
     if not config.parent_pid:

@@ -23,7 +23,7 @@ import trio
 
 from ..config import Settings
 from ..devices import DeviceSource
-from ..engines.protocol import EngineFactory
+from ..engines.protocol import Engine, EngineFactory
 from ..errors import OutOfMemoryError, RunnerError, RunnerStartError
 from ..model_config import ModelConfig
 from ..types import LoadSpec
@@ -38,11 +38,11 @@ from .vram_recovery import gpu_free, wait_for_vram_recovery
 log = logging.getLogger(__name__)
 
 
-def load_phases(engine: object, seconds: float) -> dict[str, float]:
+def load_phases(engine: Engine, seconds: float) -> dict[str, float]:
     """Seconds per phase of a load that took ``seconds``: ``admission`` (from the runner's
     booking to the engine's start), then the engine's own (``engine.load_phases``, which a
-    process engine reports; none from an engine without them)."""
-    reported: Mapping[str, float] = getattr(engine, "load_phases", None) or {}
+    process engine reports; none from an engine that does not measure them)."""
+    reported = engine.load_phases
     if not reported:
         return {}
     admission = round(max(0.0, seconds - sum(reported.values())), 4)

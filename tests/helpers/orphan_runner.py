@@ -26,7 +26,7 @@ ENDLESS = CompletionRequest(
 async def one(model: str, index: int, busy: bool) -> None:
     spec = LoadSpec(model_path=model, name=f"orphan-{index}")
     async with ProcessEngineFactory().open(spec) as engine:
-        line = json.dumps({"pid": engine.pid, "dir": os.path.dirname(engine.ready["socket"])})
+        line = json.dumps({"pid": engine.pid, "dir": os.path.dirname(engine.ready.socket)})
         if not busy:
             print(line, flush=True)
             await trio.sleep_forever()

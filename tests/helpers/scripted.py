@@ -7,7 +7,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
+import trio
+
+from ollamatrio.engines.simulated import ChunkByChunk, SimulatedBehaviour, SimulatedEngineFactory
 from ollamatrio.types import Chunk, CompletionRequest, LoadSpec, ToolCall, ToolCallDelta
 
 FAST = SimulatedBehaviour(load_seconds=0.01, tokens_per_second=2000)
@@ -56,7 +58,7 @@ class ScriptedEngine:
             async with self._inner.complete(request) as chunks:
                 yield chunks
             return
-        yield self._chunks(self._answer(request.tools[0]["function"]["name"]))
+        yield ChunkByChunk(self._chunks(self._answer(request.tools[0]["function"]["name"])))
 
     @staticmethod
     async def _chunks(chunks: list[Chunk]) -> AsyncIterator[Chunk]:
@@ -76,3 +78,6 @@ class ScriptedEngines:
     async def open(self, spec: LoadSpec, **_: Any) -> AsyncIterator[ScriptedEngine]:
         async with self.inner.open(spec) as engine:
             yield ScriptedEngine(engine, self.requests, self._answer)
+
+    async def keep_spare(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        await self.inner.keep_spare(task_status=task_status)
