@@ -1,14 +1,14 @@
 """The scheduler: leases, keep-alive, placement, eviction and the queue.
 
-``scheduler.py`` holds the front (admission, leases, the placement pass); ``requests.py``
+``scheduler.py`` holds the front (admission, leases, the placement pass); ``admission.py``
 the records it trades in; ``policy.py`` the placement and eviction decisions;
 ``runner_task.py`` each runner's life; ``vram_recovery.py`` the wait for a stopped
 runner's VRAM; ``runner.py`` one resident model's state; ``placement.py`` where a model
 goes on given devices; ``options.py`` load options; ``events.py`` the event stream.
 """
 
-from .requests import Lease as Lease
-from .requests import ModelRequest as ModelRequest
+from .admission import Lease as Lease
+from .admission import ModelRequest as ModelRequest
 from .runner import RunnerInfo as RunnerInfo
 from .scheduler import Scheduler as Scheduler
 from .scheduler import open_scheduler as open_scheduler

@@ -28,12 +28,12 @@ from ..devices import Inventory
 from ..errors import InsufficientMemoryError, ModelLimitError, OllamatrioError, OutOfMemoryError
 from ..memory import Estimate, MemoryOptions, estimate, gpu_context_reserve
 from ..model_config import ModelConfig
+from .admission import ModelRequest, PendingRequest
 from .calibration import VramCalibration
 from .events import EvictReason
 from .options import LoadOptions, needs_reload
 from .placement import DeviceRoom, Placement, choose_placement
 from .prompt_cache import prompt_cache_bytes
-from .requests import ModelRequest, PendingRequest
 from .runner import Runner, RunnerState
 
 log = logging.getLogger(__name__)

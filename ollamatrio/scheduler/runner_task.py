@@ -27,11 +27,11 @@ from ..engines.protocol import Engine, EngineFactory
 from ..errors import OutOfMemoryError, RunnerError, RunnerStartError
 from ..model_config import ModelConfig
 from ..types import LoadSpec
+from .admission import PendingRequest
 from .calibration import VramCalibration
 from .events import EventHub, SchedulerEvent
 from .placement import Placement
 from .prompt_cache import MiB
-from .requests import PendingRequest
 from .runner import Runner, RunnerState
 from .vram_recovery import gpu_free, wait_for_vram_recovery
 

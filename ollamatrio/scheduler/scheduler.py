@@ -17,7 +17,7 @@ Shape (docs/scheduling.md):
   counts against ``OLLAMA_MAX_QUEUE``.
 
 This module owns the scheduler's state (the runners, the pending list, the queue count)
-and its public API; the records it trades in are in ``requests.py``.
+and its public API; the records it trades in are in ``admission.py``.
 
 Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
 """
@@ -49,12 +49,12 @@ from ..errors import (
 from ..gguf import GGUFInfo
 from ..memory import projector_bytes
 from ..model_config import ModelConfig
+from .admission import Lease, ModelRequest, PendingRequest
 from .calibration import VramCalibration
 from .events import EventHub, EventKind, EvictReason, SchedulerEvent
 from .options import LoadOptions, default_context_length, resolve_load_options
 from .placement import Placement
 from .policy import Fail, Load, compatible, decide, free_room, retry_after_oom
-from .requests import Lease, ModelRequest, PendingRequest
 from .runner import Runner, RunnerInfo, RunnerState
 from .runner_task import RunnerTasks
 
