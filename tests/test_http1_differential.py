@@ -1,6 +1,6 @@
 """The front door's request-head decision (``http/http1.py``) against h11's, over generated
 heads: serve here (and where the body ends), hand the connection to hypercorn, or refuse
-with 400; and for a chunked body the front door serves, its decoding (``ChunkedBody``):
+with 400; and for a chunked body the front door serves, its decoding (``ChunkedDecoder``):
 the same data, ending at the same byte, or refused where h11 refuses it.
 
 Hypercorn is h11, so a hand-off is always safe.  What must never happen is that the front
@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from ollamatrio.http import http1
 from ollamatrio.http.http1 import HANDOFF, MAX_HEAD, MAX_HEADERS, BadRequest, Head
+from ollamatrio.http1.framing import ChunkedDecoder, FramingError
 
 EXAMPLES = 5_000  # per test; the two head tests below make 10,000
 SETTINGS = settings(
@@ -67,11 +68,11 @@ class Incomplete:
 Decision = Serve | HandOff | Refuse | Incomplete
 
 
-def our_chunked_body(data: bytes, end: int, cut: int) -> tuple[bytes, bool, bytes] | BadRequest:
+def our_chunked_body(data: bytes, end: int, cut: int) -> tuple[bytes, bool, bytes] | FramingError:
     """What the front door decodes of the chunked body after the head that ends at ``end``,
     its bytes arriving in two pieces (split at ``cut`` if that is past the head): the data,
     whether the body ended, the bytes left behind it; or the refusal."""
-    decoder = http1.ChunkedBody()
+    decoder = ChunkedDecoder()
     buffer = bytearray()
     body = bytearray()
     split = max(end, cut)
@@ -79,7 +80,7 @@ def our_chunked_body(data: bytes, end: int, cut: int) -> tuple[bytes, bool, byte
         buffer += piece
         try:
             body += decoder.take(buffer)
-        except BadRequest as error:
+        except FramingError as error:
             return error
     return bytes(body), decoder.done, bytes(buffer)
 
@@ -217,7 +218,7 @@ def compare_chunked(data: bytes, end: int, cut: int) -> None:
     refuses (and, stricter, a trailer with bare LF or folded lines)."""
     ours = our_chunked_body(data, end, cut)
     theirs = h11_chunked_body(data)
-    if isinstance(ours, BadRequest):
+    if isinstance(ours, FramingError):
         assert isinstance(theirs, Exception) or "trailer" in str(ours), (ours, theirs)
         return
     assert not isinstance(theirs, Exception), f"we read {ours!r}, h11 says {theirs!r}"
@@ -527,7 +528,7 @@ def test_the_front_door_decodes_chunked_bodies_as_h11_does(pieces: list[bytes]) 
     decision = check(pieces)
     assert isinstance(decision, Serve)
     ours = our_chunked_body(b"".join(pieces), decision.end, len(pieces[0]))
-    event("refused" if isinstance(ours, BadRequest) else "ended" if ours[1] else "incomplete")
+    event("refused" if isinstance(ours, FramingError) else "ended" if ours[1] else "incomplete")
 
 
 def name(decision: Decision) -> str:
