@@ -76,6 +76,8 @@ class TransportErrors:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        if exc is None:
+            return
         if isinstance(exc, OSError | trio.BrokenResourceError | trio.ClosedResourceError):
             raise PeerConnectionError(f"connection to {self.peer} failed: {exc}") from exc
         if isinstance(exc, FramingError):
@@ -148,20 +150,25 @@ class BodyReader:
         """
         conn = self._conn
         decoder = self._decoder
-        if decoder is not None:
+        if decoder is not None:  # the path of every streamed token: kept short
             with conn.errors:
                 piece = decoder.take(conn.buffer) if conn.buffer else b""
                 while not piece and not decoder.done:
-                    conn.buffer += await self._receive()
+                    data = await conn.receive()
+                    if not data:
+                        raise self._ended_early()
+                    conn.buffer += data
                     piece = decoder.take(conn.buffer)
             self.done = decoder.done
             return piece
         if conn.buffer:
             data, conn.buffer = bytes(conn.buffer), bytearray()
         else:
-            data = await self._receive()
-            if not data:  # a body that ends with the connection
-                self.done = True
+            data = await conn.receive()
+            if not data:
+                if self._left is not None:
+                    raise self._ended_early()
+                self.done = True  # a body that ends with the connection
                 return b""
         if self._left is None:
             return data
@@ -171,11 +178,8 @@ class BodyReader:
         self.done = self._left == 0
         return piece
 
-    async def _receive(self) -> bytes:
-        data = await self._conn.receive()
-        if not data and (self._decoder is not None or self._left is not None):
-            raise PeerConnectionError(f"{self._conn.peer} closed the connection mid-response")
-        return data
+    def _ended_early(self) -> PeerConnectionError:
+        return PeerConnectionError(f"{self._conn.peer} closed the connection mid-response")
 
     async def read_all(self) -> bytes:
         out = bytearray()
