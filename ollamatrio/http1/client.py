@@ -58,9 +58,10 @@ async def receive_some(stream: trio.SocketStream, *, drained: bool) -> bytes:
 
 
 class TransportErrors:
-    """``with`` block whose low-level failures leave it as a
-    :class:`~ollamatrio.errors.PeerConnectionError` naming the peer: the one place where
-    they are translated.  A class, not a generator: it wraps every read of a stream."""
+    """The one translation of a connection's low-level failures (an ``OSError``, a broken
+    or closed stream, bytes that are not HTTP/1.1): they leave its ``with`` block as a
+    :class:`~ollamatrio.errors.PeerConnectionError` naming the peer, as httpx's
+    ``map_exceptions`` does.  A class, not a generator: it wraps every read of a stream."""
 
     __slots__ = ("peer",)
 
