@@ -90,3 +90,33 @@ class ModelLimitError(OllamatrioError):
 class ResponseNotFoundError(ModelNotFoundError):
     """A stored ``/v1/responses`` response that does not exist or has expired: HTTP 404 (a
     model-not-found's family, so that every dialect maps it to the same status)."""
+
+
+class TransportError(OllamatrioError):
+    """HTTP/1.1 to another process of the server failed: a runner's llama.cpp server, a
+    fleet's host (``http1/client.py``).  Where a request meets it, its engine or the gateway
+    turns it into that request's error (``RunnerClient.server_error``)."""
+
+
+class PeerConnectionError(TransportError):
+    """The peer could not be reached, or its connection failed, closed or broke HTTP/1.1
+    framing before the response's end (it may have died)."""
+
+
+class PeerStatusError(TransportError):
+    """The peer answered with an HTTP error status (``body``: its answer)."""
+
+    def __init__(self, message: str, status: int, body: bytes) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+class PeerReportedError(TransportError):
+    """The peer's answer reports an error (an error event in a stream, an answer that does
+    not add up): its message, its HTTP-like ``code`` and its ``kind``."""
+
+    def __init__(self, message: str, code: int = 500, kind: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.kind = kind

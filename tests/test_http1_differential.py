@@ -1,6 +1,6 @@
 """The front door's request-head decision (``http/http1.py``) against h11's, over generated
 heads: serve here (and where the body ends), hand the connection to hypercorn, or refuse
-with 400; and for a chunked body the front door serves, its decoding (``ChunkedBody``):
+with 400; and for a chunked body the front door serves, its decoding (``ChunkedDecoder``):
 the same data, ending at the same byte, or refused where h11 refuses it.
 
 Hypercorn is h11, so a hand-off is always safe.  What must never happen is that the front
@@ -25,11 +25,13 @@ from typing import TypeVar
 
 import h11
 import pytest
+from helpers import chunked
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ollamatrio.http import http1
 from ollamatrio.http.http1 import HANDOFF, MAX_HEAD, MAX_HEADERS, BadRequest, Head
+from ollamatrio.http1.framing import FramingError
 
 EXAMPLES = 5_000  # per test; the two head tests below make 10,000
 SETTINGS = settings(
@@ -65,43 +67,6 @@ class Incomplete:
 
 
 Decision = Serve | HandOff | Refuse | Incomplete
-
-
-def our_chunked_body(data: bytes, end: int, cut: int) -> tuple[bytes, bool, bytes] | BadRequest:
-    """What the front door decodes of the chunked body after the head that ends at ``end``,
-    its bytes arriving in two pieces (split at ``cut`` if that is past the head): the data,
-    whether the body ended, the bytes left behind it; or the refusal."""
-    decoder = http1.ChunkedBody()
-    buffer = bytearray()
-    body = bytearray()
-    split = max(end, cut)
-    for piece in (data[end:split], data[split:]):
-        buffer += piece
-        try:
-            body += decoder.take(buffer)
-        except BadRequest as error:
-            return error
-    return bytes(body), decoder.done, bytes(buffer)
-
-
-def h11_chunked_body(data: bytes) -> tuple[bytes, bool, bytes] | Exception:
-    """h11's reading of the same bytes: the data, whether the body ended, the bytes left."""
-    conn = h11_server()
-    conn.receive_data(data)
-    assert isinstance(conn.next_event(), h11.Request)
-    body = bytearray()
-    while True:
-        try:
-            item = conn.next_event()
-        except h11.RemoteProtocolError as error:
-            return error
-        if isinstance(item, h11.Data):
-            body += item.data
-        elif isinstance(item, h11.EndOfMessage):
-            return bytes(body), True, conn.trailing_data[0]
-        else:
-            assert item is h11.NEED_DATA, item
-            return bytes(body), False, b""
 
 
 def front_door(pieces: list[bytes]) -> Decision:
@@ -211,19 +176,18 @@ def compare(ours: Decision, data: bytes, cut: int = 0) -> None:
     assert h11_body(conn) == (0, True)
 
 
+def body_pieces(data: bytes, end: int, cut: int) -> list[bytes]:
+    """The bytes after the head that ends at ``end``, arriving in two pieces (split at
+    ``cut`` if that is past the head)."""
+    split = max(end, cut)
+    return [data[end:split], data[split:]]
+
+
 def compare_chunked(data: bytes, end: int, cut: int) -> None:
     """The front door decodes a chunked body as h11 does: the same data, the same end (the
     next request starts at the same byte), the same wait for more; it refuses what h11
     refuses (and, stricter, a trailer with bare LF or folded lines)."""
-    ours = our_chunked_body(data, end, cut)
-    theirs = h11_chunked_body(data)
-    if isinstance(ours, BadRequest):
-        assert isinstance(theirs, Exception) or "trailer" in str(ours), (ours, theirs)
-        return
-    assert not isinstance(theirs, Exception), f"we read {ours!r}, h11 says {theirs!r}"
-    if not ours[1]:  # waiting for more, h11 too, with the same data so far
-        ours = (ours[0], False, b"")
-    assert ours == theirs
+    chunked.compare(body_pieces(data, end, cut))
 
 
 # -- the heads -------------------------------------------------------------------------
@@ -526,8 +490,8 @@ def chunked_requests(draw: st.DrawFn) -> list[bytes]:
 def test_the_front_door_decodes_chunked_bodies_as_h11_does(pieces: list[bytes]) -> None:
     decision = check(pieces)
     assert isinstance(decision, Serve)
-    ours = our_chunked_body(b"".join(pieces), decision.end, len(pieces[0]))
-    event("refused" if isinstance(ours, BadRequest) else "ended" if ours[1] else "incomplete")
+    ours = chunked.ours(body_pieces(b"".join(pieces), decision.end, len(pieces[0])))
+    event("refused" if isinstance(ours, FramingError) else "ended" if ours[1] else "incomplete")
 
 
 def name(decision: Decision) -> str:

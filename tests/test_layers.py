@@ -21,7 +21,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "ollamatrio"
 # but itself.
 FLOORS: list[list[str]] = [
     ["_version", "errors", "gofmt", "types", "wire"],  # leaves: import nothing of the project
-    ["config", "gguf", "modelfile", "template"],
+    ["config", "gguf", "modelfile", "template", "http1"],  # http1: HTTP/1.1 framing, client
     ["log", "devices", "memory", "model_info", "slot_cache"],
     ["runner"],  # the child process: facts and records only
     ["engines", "store"],
@@ -195,8 +195,6 @@ FOREIGN_PRIVATES: dict[str, set[str]] = {
     # os._exit: leave at once, without llama.cpp's teardown or Python's.
     "runner/__main__.py": {"_exit"},
     "runner/probe.py": {"_exit"},
-    # moved by the transport-errors change
-    "engines/chunk_stream.py": {"_reported"},
 }
 
 

@@ -13,13 +13,13 @@ import pytest
 import trio
 
 from ollamatrio.engines.runner_http import (
-    ChunkedDecoder,
     EventStream,
     RunnerConnectionError,
     RunnerHttp,
     RunnerStatusError,
     parse_event,
 )
+from ollamatrio.http1.framing import ChunkedDecoder
 
 Handler = Callable[[trio.SocketStream, bytes], Awaitable[bool]]  # -> keep the connection?
 
@@ -96,27 +96,6 @@ async def scripted_server(tmp_path: Path, handler: Handler) -> AsyncIterator[dic
         nursery.cancel_scope.cancel()
 
 
-def test_chunked_decoder_survives_any_split() -> None:
-    body = b"".join(sse(*({"content": "x" * n} for n in range(40))))
-    pieces = [body[i : i + 37] for i in range(0, len(body), 37)]
-    wire = chunked(*pieces)
-    rng = random.Random(7)
-    for _ in range(200):
-        decoder = ChunkedDecoder()
-        out = bytearray()
-        pos = 0
-        while pos < len(wire):
-            step = rng.randint(1, 50)
-            out += decoder.feed(wire[pos : pos + step])
-            pos += step
-        assert decoder.finished
-        assert bytes(out) == body
-
-
-class _Idle:
-    buffer = bytearray()  # what EventStream takes over from a connection
-
-
 def test_events_are_the_same_however_the_stream_is_chunked_and_read() -> None:
     """The fast path (one read = one chunk = one event, as llama.cpp streams) and the general
     one decode the same events from any chunking and any reads."""
@@ -128,19 +107,29 @@ def test_events_are_the_same_however_the_stream_is_chunked_and_read() -> None:
         cuts = sorted(rng.sample(range(1, len(body)), rng.randint(0, 6)))
         wire = chunked(*(body[i:j] for i, j in zip([0, *cuts], [*cuts, len(body)], strict=True)))
         reads = sorted(rng.sample(range(1, len(wire)), rng.randint(0, 8)))
-        stream = EventStream(_Idle())  # type: ignore[arg-type]
+        stream = EventStream(None)  # type: ignore[arg-type]  # its decoding alone
+        decoder = ChunkedDecoder()
+        buffer = bytearray()
         out = []
         for i, j in zip([0, *reads], [*reads, len(wire)], strict=True):
-            out += stream._decode(wire[i:j])
+            buffer += wire[i:j]
+            out += stream._decode(decoder.take(buffer))
         assert out == expected
-        assert stream.ended
-    stream = EventStream(_Idle())  # type: ignore[arg-type]
-    assert [stream._decode(chunked(piece)[:-5]) for piece in sse(*events)] == [[e] for e in events]
+        assert decoder.done
+    stream = EventStream(None)  # type: ignore[arg-type]
+    assert [stream._decode(piece) for piece in sse(*events)] == [[e] for e in events]
 
 
-def test_bad_chunk_size_is_a_connection_error() -> None:
-    with pytest.raises(RunnerConnectionError, match="bad chunk size"):
-        ChunkedDecoder().feed(b"zz\r\nabc")
+async def test_bad_chunk_framing_is_a_connection_error(tmp_path) -> None:
+    async def handler(stream: trio.SocketStream, request: bytes) -> bool:
+        await stream.send_all(STREAM_HEAD + b"zz\r\nabc")
+        return False
+
+    async with scripted_server(tmp_path, handler) as stats:
+        client = RunnerHttp(stats["path"], "k")
+        async with client.stream("/completion", b"{}") as (_, events):
+            with pytest.raises(RunnerConnectionError, match="bad chunk size"):
+                await events.next_batch()
 
 
 def test_parse_event_forms() -> None:

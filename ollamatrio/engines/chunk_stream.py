@@ -25,9 +25,9 @@ from typing import Protocol
 
 import trio
 
-from ollamatrio.engines.llamacpp_wire import ChatStream, CompletionStream, RunnerReportedError
-from ollamatrio.engines.runner_http import EventSource, RunnerConnectionError
-from ollamatrio.errors import RunnerError
+from ollamatrio.engines.llamacpp_wire import ChatStream, CompletionStream
+from ollamatrio.engines.runner_http import EventSource
+from ollamatrio.errors import RunnerError, TransportError
 from ollamatrio.types import Chunk, CompletionRequest
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,9 @@ class StreamClient(Protocol):
 
     async def runner_gone(self, exc: BaseException | None) -> RunnerError: ...
 
-    def _reported(self, exc: RunnerReportedError) -> Exception: ...
+    async def server_error(self, exc: TransportError) -> Exception:
+        """The server's error for a lost connection or an error the runner reported."""
+        ...
 
     async def render(self, request: CompletionRequest) -> str: ...
 
@@ -156,21 +158,17 @@ class ChunkStream:
         stall = self._stall if timeout != math.inf else None
         if stall is not None:
             stall.deadline = trio.current_time() + timeout
+        chunks: list[Chunk] = []
         try:
             events = await self._events.next_batch()
-        except RunnerConnectionError as exc:
+            for event in events:
+                chunks.extend(self._parser.feed(event))
+        except TransportError as exc:  # the connection failed, or the runner reported one
             self._finished = True
-            raise await self._engine.runner_gone(exc) from exc
+            raise await self._engine.server_error(exc) from exc
         finally:
             if stall is not None:
                 stall.deadline = math.inf  # the time spent elsewhere is not a stall
-        chunks: list[Chunk] = []
-        try:
-            for event in events:
-                chunks.extend(self._parser.feed(event))
-        except RunnerReportedError as exc:
-            self._finished = True
-            raise self._engine._reported(exc) from None
         if self._parser.done:  # its final event (or, in a chat, a stop sequence) came
             self._finished = True
         elif not events:  # the response ended

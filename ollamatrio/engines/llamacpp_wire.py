@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from ollamatrio.errors import InvalidRequestError
+from ollamatrio.errors import InvalidRequestError, PeerReportedError
 from ollamatrio.types import Chunk, CompletionRequest, Message, ToolCall, ToolCallDelta
 
 from .forced_call import as_text, call_schema, forced_call, is_malformed
@@ -174,13 +174,9 @@ def _openai_tool_call(call: ToolCall, message_index: int, n: int) -> dict[str, A
     }
 
 
-class RunnerReportedError(Exception):
-    """An error event inside a runner's stream (e.g. context overflow)."""
-
-    def __init__(self, message: str, code: int = 500, kind: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        self.kind = kind
+class RunnerReportedError(PeerReportedError):
+    """An error event inside a runner's stream (e.g. context overflow), or an answer of the
+    runner's that does not add up."""
 
 
 def parse_sse_line(line: str) -> dict[str, Any] | None:

@@ -6,7 +6,10 @@ prompts and conversations into the context as Ollama does, and serves embeddings
 tokenize/detokenize, health, slots and metrics.  It knows nothing of the process behind
 the socket: :class:`~ollamatrio.engines.process.ProcessEngine` adds that, overriding
 :meth:`RunnerClient.runner_gone` and :meth:`RunnerClient.stalled` to say (and act on)
-why a runner stopped answering.  :func:`open_runner_http` scopes the pooled connections.
+why a runner stopped answering.  :meth:`RunnerClient.server_error` is the one place where
+the transport's errors (:class:`~ollamatrio.errors.TransportError`: a lost connection, an
+error status, an error the runner reported) become the server's.  :func:`open_runner_http`
+scopes the pooled connections.
 """
 
 from __future__ import annotations
@@ -34,8 +37,16 @@ from ollamatrio.engines.llamacpp_wire import (
     raise_for_error,
     stop_sequences,
 )
-from ollamatrio.engines.runner_http import RunnerConnectionError, RunnerHttp, RunnerStatusError
-from ollamatrio.errors import CapabilityError, InvalidRequestError, OutOfMemoryError, RunnerError
+from ollamatrio.engines.runner_http import RunnerConnectionError, RunnerHttp
+from ollamatrio.errors import (
+    CapabilityError,
+    InvalidRequestError,
+    OutOfMemoryError,
+    PeerReportedError,
+    PeerStatusError,
+    RunnerError,
+    TransportError,
+)
 from ollamatrio.runner.options import is_oom
 from ollamatrio.types import CompletionRequest, Embeddings
 
@@ -91,7 +102,25 @@ class RunnerClient:
         """A last look at a generation's body before it goes to llama.cpp (the process
         engine restores a saved prompt state here and picks its slot)."""
 
-    def _reported(self, exc: RunnerReportedError) -> Exception:
+    async def server_error(self, exc: TransportError) -> Exception:
+        """The server's error for a failed exchange with the runner: an error status or an
+        error the runner reported is llama.cpp's error in Ollama's terms; a lost connection
+        is the runner gone (the process engine says why)."""
+        if isinstance(exc, PeerStatusError):
+            return self._error_from_body(exc.status, exc.body)
+        if isinstance(exc, PeerReportedError):
+            return self._reported(exc)
+        return await self.runner_gone(exc)
+
+    @asynccontextmanager
+    async def _server_errors(self) -> AsyncIterator[None]:
+        """A block whose transport errors leave it as the server's (:meth:`server_error`)."""
+        try:
+            yield
+        except TransportError as exc:
+            raise await self.server_error(exc) from exc
+
+    def _reported(self, exc: PeerReportedError) -> Exception:
         message = str(exc)
         if is_oom(message):
             return OutOfMemoryError(message)
@@ -121,10 +150,8 @@ class RunnerClient:
     async def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> bytes:
         """A plain request on a pooled connection; the body of a 200 answer."""
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        try:
+        async with self._server_errors():
             status, raw = await self.http.request(method, path, data)
-        except RunnerConnectionError as exc:
-            raise await self.runner_gone(exc) from exc
         if status != 200:
             raise self._error_from_body(status, raw)
         return raw
@@ -166,12 +193,8 @@ class RunnerClient:
         data = json.dumps(body, separators=(",", ":")).encode()
         async with self._slots, AsyncExitStack() as stack:
             with trio.move_on_after(self.stall_timeout) as stall:
-                try:
+                async with self._server_errors():
                     _, events = await stack.enter_async_context(self.http.stream(path, data))
-                except RunnerStatusError as exc:
-                    raise self._error_from_body(exc.status, exc.body) from None
-                except RunnerConnectionError as exc:
-                    raise await self.runner_gone(exc) from exc
             if stall.cancelled_caught:
                 raise await self.stalled()
             # Leaving closes the connection: that is what tells llama.cpp to stop and free
@@ -280,10 +303,8 @@ class RunnerClient:
                 if isinstance(exc, OutOfMemoryError) or not is_embedding_input_limit(str(exc)):
                     raise
                 raise InvalidRequestError(EMBED_INPUT_TOO_LONG) from exc
-        try:
+        async with self._server_errors():
             vectors = embedding_vectors(response, len(texts), dimensions)
-        except RunnerReportedError as exc:
-            raise RunnerError(str(exc)) from exc
         usage = response.get("usage") or {}
         return Embeddings(vectors=vectors, prompt_eval_count=int(usage.get("prompt_tokens", 0)))
 

@@ -44,11 +44,13 @@ from ..api.openai.stream import ChatEvents
 from ..config import Settings
 from ..http.front import serve_http
 from ..http.http1 import LAST_CHUNK, chunk
+from ..http1.client import BodyReader, Connection
+from ..http1.framing import ResponseHead
 from ..serve import hypercorn_config
 from . import gateway_fleetwide as fleetwide
 from .gateway_hosts import Host, HostTable, model_key
 from .gateway_sizes import SizePredictor
-from .gateway_upstream import BodyReader, HostConnectionError, ResponseHead, Upstream
+from .gateway_upstream import HostConnectionError
 from .policy import Choice
 
 log = logging.getLogger(__name__)
@@ -245,33 +247,30 @@ def _request_head(scope: dict[str, Any], length: int | None) -> bytes:
 
 async def _send_streamed(
     host: Host, head: bytes, receive: ASGIReceive, *, chunked: bool
-) -> tuple[Upstream, ResponseHead]:
+) -> tuple[Connection, ResponseHead]:
     """A request whose body is streamed to the host as the client sends it (blob uploads),
     on a fresh connection: a body half-sent cannot be sent again.  A body without a
     ``Content-Length`` (the official Python client's uploads) goes on in chunks."""
     conn = await host.pool.connect()
     try:
-        try:
-            await conn.stream.send_all(head + host.pool.authority + b"\r\n\r\n")
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise HostConnectionError("the client left during the upload")
-                if piece := message.get("body", b""):
-                    await conn.stream.send_all(chunk(piece) if chunked else piece)
-                if not message.get("more_body", False):
-                    if chunked:
-                        await conn.stream.send_all(LAST_CHUNK)
-                    break
-        except (trio.BrokenResourceError, OSError) as exc:
-            raise HostConnectionError(f"connection to the host failed: {exc}") from exc
+        await conn.send_all(head + host.pool.authority + b"\r\n\r\n")
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise HostConnectionError("the client left during the upload")
+            if piece := message.get("body", b""):
+                await conn.send_all(chunk(piece) if chunked else piece)
+            if not message.get("more_body", False):
+                if chunked:
+                    await conn.send_all(LAST_CHUNK)
+                break
         return conn, await conn.read_head()
     except BaseException:
         conn.close()
         raise
 
 
-async def _discard(host: Host, conn: Upstream, answer: ResponseHead) -> None:
+async def _discard(host: Host, conn: Connection, answer: ResponseHead) -> None:
     reader = BodyReader(conn, answer, no_body=False)
     try:
         await reader.read_all()
@@ -285,7 +284,7 @@ async def _discard(host: Host, conn: Upstream, answer: ResponseHead) -> None:
 
 
 async def _relay(
-    host: Host, conn: Upstream, answer: ResponseHead, method: str, path: str,
+    host: Host, conn: Connection, answer: ResponseHead, method: str, path: str,
     receive: ASGIReceive, send: ASGISend,
 ) -> None:  # fmt: skip
     """The host's answer to the client as it comes; the connection back to the pool when

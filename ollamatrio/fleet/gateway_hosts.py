@@ -34,8 +34,9 @@ from typing import Any, Final
 import trio
 
 from ..engines.runner_http import parse_event
+from ..http1.client import BodyReader
 from ..store.names import InvalidModelNameError, ModelName
-from .gateway_upstream import BodyReader, HostConnectionError, HostPool
+from .gateway_upstream import HostConnectionError, HostPool
 from .policy import Choice, HostView, route
 
 log = logging.getLogger(__name__)

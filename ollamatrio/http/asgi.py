@@ -25,11 +25,10 @@ from urllib.parse import unquote
 import trio
 
 from ..errors import RequestTooLargeError
+from ..http1.framing import ChunkedDecoder, FramingError
 from .http1 import (
     CHUNKED,
     LAST_CHUNK,
-    BadRequest,
-    ChunkedBody,
     Head,
     chunk,
     content_length,
@@ -86,7 +85,7 @@ class Exchange:
         self.head = head
         # Body bytes still to read (a chunked body: 1 until it ends, its length is unknown).
         self.body_left = 1 if head.chunked else head.content_length
-        self._chunks = ChunkedBody() if head.chunked else None
+        self._chunks = ChunkedDecoder() if head.chunked else None
         self.limit = limit  # a declared body over this is refused unread (413)
         # Hold the head back until the first body piece (one write for both), also for a
         # body of unknown length: only for apps whose first piece follows at once.
@@ -179,7 +178,7 @@ class Exchange:
         while True:
             try:
                 piece = chunks.take(connection.buffer)
-            except BadRequest as exc:
+            except FramingError as exc:
                 await self._refuse(400, str(exc).encode())
                 return self._disconnect()
             if piece or chunks.done:

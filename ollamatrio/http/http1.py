@@ -1,6 +1,7 @@
 """The slice of HTTP/1.1 the front door speaks itself: strict request heads (HTTP/1.1, and
-HTTP/1.0 as h11 reads it: never kept alive), chunked request bodies, response heads and chunk
-framing.
+HTTP/1.0 as h11 reads it: never kept alive), response heads and chunk framing.  Chunked
+request bodies are decoded by :class:`~ollamatrio.http1.framing.ChunkedDecoder`, which the
+clients share.
 
 Strict means that anything unusual is *not ours*: :func:`head_end` or :func:`parse_request`
 says so and the connection goes to hypercorn, which knows the whole protocol (h11, and its
@@ -21,15 +22,13 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 
+from ..http1.framing import BAD_VALUE, BLANK_LINE, TOKEN, FramingError
+
 MAX_HEAD = 16 * 1024  # bytes, as hypercorn's h11_max_incomplete_size
 MAX_HEADERS = 100
 _MAX_LENGTH_DIGITS = 18  # a Content-Length longer than this is no body we would read
 
-# Where h11 ends a head: the first blank line, CRLF or bare LF line ends alike.
-_BLANK_LINE = re.compile(rb"\n\r?\n")
 HANDOFF = -1  # head_end(): the connection is hypercorn's
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _VERSIONS = frozenset((b"HTTP/1.1", b"HTTP/1.0"))
 _TARGET = re.compile(rb"/[\x21-\x7e]*")  # origin form, printable ASCII (hypercorn decodes it)
 # The bytes a request can start with (a method): anything else (TLS, an h2 preface is caught
@@ -37,7 +36,7 @@ _TARGET = re.compile(rb"/[\x21-\x7e]*")  # origin form, printable ASCII (hyperco
 TOKEN_BYTES = frozenset(b"!#$%&'*+-.^_`|~0123456789" + bytes(range(65, 91)) + bytes(range(97, 123)))
 
 
-class BadRequest(Exception):
+class BadRequest(FramingError):
     """A request whose framing is ambiguous: answered 400, and the connection closed."""
 
 
@@ -64,7 +63,7 @@ def head_end(buffer: bytes | bytearray, start: int = 0) -> int | None:
     bare-LF line ends (h11 reads them; hypercorn answers at once)."""
     if buffer and buffer[0] not in TOKEN_BYTES:
         return HANDOFF
-    match = _BLANK_LINE.search(buffer, start)
+    match = BLANK_LINE.search(buffer, start)
     if match is None:
         return HANDOFF if len(buffer) > MAX_HEAD else None
     blank = match.start() - 1  # where "\r\n\r\n" starts, if that is what it is
@@ -100,7 +99,7 @@ def parse_head(raw: bytes) -> Head | None:
     if len(request_line) != 3 or len(lines) > MAX_HEADERS + 1:
         return None
     method, target, version = request_line
-    if version not in _VERSIONS or not _TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
+    if version not in _VERSIONS or not TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
         return None
     http10 = version == b"HTTP/1.0"
     method = method.upper()
@@ -112,7 +111,7 @@ def parse_head(raw: bytes) -> Head | None:
     close = host = expect_continue = False
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
-        if not colon or not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
+        if not colon or not TOKEN.fullmatch(name) or BAD_VALUE.search(value):
             return None  # also obsolete line folding: a name cannot start with a space
         name = name.lower()
         value = value.strip(b" \t")
@@ -155,91 +154,6 @@ def parse_head(raw: bytes) -> Head | None:
     return Head(
         method.decode("ascii"), target, headers, int(length or 0), close, expect_continue, chunked
     )
-
-
-# A chunk's size line as h11 reads it: 1 to 20 hex digits, any extension (ignored), CRLF.
-_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*\r\n")
-MAX_CHUNK_LINE = MAX_HEAD  # a size line (or the trailer) longer than this is refused
-
-
-class ChunkedBody:
-    """A chunked request body, decoded from the connection's buffer as its bytes arrive, as
-    h11 decodes it: the same data, ending at the same byte (so the next request starts where
-    h11 would start it).  Chunk extensions and trailer fields are read and dropped; a trailer
-    is refused where its lines are not plain CRLF header lines (h11 would also take bare LF
-    and obsolete folding there)."""
-
-    def __init__(self) -> None:
-        self._left = 0  # bytes of the current chunk's data still to come
-        self._footer = b""  # what must still follow the current chunk's data
-        self._trailer = False  # the last chunk was read: the trailer (or blank line) is next
-        self.done = False  # the whole body was read
-
-    def take(self, buffer: bytearray) -> bytes:
-        """The body bytes that the start of ``buffer`` holds, consumed from it (everything
-        past the body's end stays); ``b""`` when more bytes are needed or the body is done.
-
-        Raises:
-            BadRequest: malformed chunk framing.
-        """
-        out = bytearray()
-        while not self.done:
-            if self._trailer:
-                self._take_trailer(buffer)
-                break
-            if self._footer:
-                seen = bytes(buffer[: len(self._footer)])
-                if seen != self._footer[: len(seen)]:
-                    raise BadRequest("malformed chunk: no CRLF after its data")
-                del buffer[: len(seen)]
-                self._footer = self._footer[len(seen) :]
-                if self._footer:
-                    break
-            if not self._left:
-                end = buffer.find(b"\r\n")
-                if end < 0:
-                    if len(buffer) > MAX_CHUNK_LINE:
-                        raise BadRequest("chunk size line too long")
-                    break
-                match = _CHUNK_SIZE.fullmatch(buffer, 0, end + 2)
-                if match is None:
-                    raise BadRequest("malformed chunk size line")
-                self._left = int(match.group(1), 16)
-                del buffer[: end + 2]
-                if not self._left:
-                    self._trailer = True
-                    continue
-            piece = buffer[: self._left]
-            if not piece:
-                break
-            out += piece
-            del buffer[: len(piece)]
-            self._left -= len(piece)
-            if not self._left:
-                self._footer = b"\r\n"
-        return bytes(out)
-
-    def _take_trailer(self, buffer: bytearray) -> None:
-        """The trailer after the last chunk: a blank line, or header lines and a blank line
-        (h11 ends it at the first blank line, CRLF or bare LF)."""
-        if buffer[:1] == b"\n" or buffer[:2] == b"\r\n":  # no trailer fields: h11 takes both
-            del buffer[: 1 if buffer[:1] == b"\n" else 2]
-            self.done = True
-            return
-        match = _BLANK_LINE.search(buffer)
-        if match is None:
-            if len(buffer) > MAX_CHUNK_LINE:
-                raise BadRequest("chunked trailer too long")
-            return
-        blank = match.start() - 1
-        if match.end() - blank != 4 or buffer[blank] != 0x0D:
-            raise BadRequest("a chunked trailer with bare LF line ends")
-        for line in bytes(buffer[:blank]).split(b"\r\n"):
-            name, colon, value = line.partition(b":")
-            if not colon or not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
-                raise BadRequest("malformed chunked trailer")
-        del buffer[: match.end()]
-        self.done = True
 
 
 class _Date:
