@@ -25,7 +25,7 @@ from ollamatrio.engines.simulated import SimulatedBehaviour
 from ollamatrio.fleet.gateway import RunningGateway, error_line, model_of, serve_gateway
 from ollamatrio.fleet.gateway_hosts import HostTable, model_key
 from ollamatrio.fleet.gateway_sizes import SizePredictor
-from ollamatrio.fleet.policy import rendezvous_score
+from ollamatrio.fleet.routing import rendezvous_score
 
 # The openai SDK stops reading a stream at [DONE] without closing its inner async
 # generators; under Trio their finalizer warns (as in tests/test_openai_api.py).

@@ -4,7 +4,7 @@ The gateway is an ASGI app served by the project's own front door (``http/front.
 head parsing, keep-alive, body deadlines, connection budget and drain of ``serve``).  For
 each request it reads the body (a blob upload is streamed instead), takes its ``model``
 field (or ``name``, as ``/api/show`` and ``/api/pull`` accept), asks the routing policy
-(``fleet/policy.py``, over the host table of ``fleet/gateway_hosts.py``) for the hosts in
+(``fleet/routing.py``, over the host table of ``fleet/gateway_hosts.py``) for the hosts in
 order, and sends the request to the first that takes it, over that host's keep-alive pool
 (``fleet/gateway_upstream.py``).  The answer goes back as it arrives, each piece the host
 wrote one piece to the client: the body bytes are never parsed.
@@ -51,7 +51,7 @@ from . import gateway_fleetwide as fleetwide
 from .gateway_hosts import Host, HostTable, model_key
 from .gateway_sizes import SizePredictor
 from .gateway_upstream import HostConnectionError
-from .policy import Choice
+from .routing import Choice
 
 log = logging.getLogger(__name__)
 

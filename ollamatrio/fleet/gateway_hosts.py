@@ -37,7 +37,7 @@ from ..engines.runner_http import parse_event
 from ..http1.client import BodyReader
 from ..store.names import InvalidModelNameError, ModelName
 from .gateway_upstream import HostConnectionError, HostPool
-from .policy import Choice, HostView, route
+from .routing import Choice, HostView, route
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The fleet's routing policy (ollamatrio/fleet/policy.py): tables and properties."""
+"""The fleet's routing policy (ollamatrio/fleet/routing.py): tables and properties."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ollamatrio.fleet.policy import Choice, HostView, rendezvous_score, route
+from ollamatrio.fleet.routing import Choice, HostView, rendezvous_score, route
 
 MODELS = ["a", "b", "c"]
 NAMES = [f"10.0.0.{i}:11434" for i in range(6)]
@@ -130,7 +130,7 @@ def test_every_host_appears_once() -> None:
 
 _IN_ANOTHER_PROCESS = """
 import json, sys
-from ollamatrio.fleet.policy import HostView, rendezvous_score, route
+from ollamatrio.fleet.routing import HostView, rendezvous_score, route
 names = json.loads(sys.argv[1])
 hosts = [HostView(n) for n in names]
 print(json.dumps({
