@@ -325,6 +325,8 @@ class ProcessEngine(RunnerClient):
                 if isinstance(marks, dict):
                     self._marks.update({str(k): float(v) for k, v in marks.items()})
                 self._marks["handshake"] = time.monotonic()
+                if self._persistence is not None:  # read before any request can wait on it
+                    await self._persistence.load()
                 # Ready: from now on only the engine's owner stops the runner (``_stop``), so
                 # that a cancelled owner can still save its slots before the SIGTERM.
                 self._lifetime.shield = True
