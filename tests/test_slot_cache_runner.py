@@ -8,9 +8,9 @@ fresh runner), not the API's ``prompt_eval_count``, whose meaning is the dialect
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 import signal
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 

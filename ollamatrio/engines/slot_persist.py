@@ -87,9 +87,13 @@ class SlotPersistence:
             if not states:
                 return
             bos = await self._client.tokenize_prompt("")  # what a prompt's tokens begin with
+            heads: dict[tuple[int, ...], str | None] = {}  # states often share their head
             for name, tokens in states:
-                self._saved.append(_Saved(name, tokens, await self._head(tokens, bos)))
-        except (OllamatrioError, OSError) as exc:  # nothing is restored, nothing fails
+                first = tuple(tokens[:MIN_RESTORE_TOKENS])
+                if first not in heads:
+                    heads[first] = await self._head(tokens, bos)
+                self._saved.append(_Saved(name, tokens, heads[first]))
+        except (OllamatrioError, OSError, ValueError, KeyError) as exc:  # nothing fails
             log.warning("prompt cache: saved states not read: %s", exc)
             self._saved = []
 
