@@ -22,6 +22,14 @@ model computes on the GPU and the server has a core of its own, divides the work
 then run their runner and client under the same conditions, and throughput against direct
 says whether the relay keeps pace with the runner, not who wins the cores.
 
+``--variant NAME:VAR=VALUE[,VAR=VALUE]`` (repeatable) serves this checkout once more with
+those environment variables set, as one more API path (``cache-off:OLLAMATRIO_PROMPT_CACHE=0``).
+Each round starts with the next path in turn, so that none always follows the same one.
+``--long-prompt`` sends about 500 tokens instead of four words (with ``--num-ctx 1024``), and
+``--saved-state`` first has every server serve another long prompt and unload, so that its
+next load finds a state in the on-disk prompt cache that the measured prompt does not begin:
+what a restart leaves behind.
+
 ``--mixed``: every API request is an ``/api/show`` and then a streamed ``/api/chat`` on the
 same keep-alive connection (the official clients' pattern); CPU per token includes the show.
 
@@ -73,6 +81,10 @@ from ollamatrio.testing import write_tiny_gguf
 from ollamatrio.types import CompletionRequest, LoadSpec
 
 PROMPT = "Once upon a time"
+# ``--long-prompt``: about 500 tokens (SmolLM2), past the 256 from which a saved prompt state
+# may be restored; ``--saved-state`` leaves a state of OTHER_PROMPT, which it does not begin.
+LONG_PROMPT = " ".join(f"Rule {i}: answer in one short sentence." for i in range(60)) + " " + PROMPT
+OTHER_PROMPT = " ".join(f"Fact {i}: the sky was green that day." for i in range(60))
 
 
 @dataclass
@@ -85,19 +97,20 @@ class Round:
     tree_cpu: float = 0.0  # the server and its runners
 
 
-def options(tokens: int, threads: int) -> dict[str, object]:
+def options(tokens: int, threads: int, num_ctx: int = 256) -> dict[str, object]:
     return {
         "num_predict": tokens,
         "temperature": 0,
         "ignore_eos": True,
         "num_thread": threads,
-        "num_ctx": 256,
+        "num_ctx": num_ctx,
     }
 
 
 async def api_stream(
-    client: httpx.AsyncClient, tokens: int, threads: int, mixed: bool = False
-) -> tuple[float, int]:
+    client: httpx.AsyncClient, tokens: int, threads: int, mixed: bool = False,
+    prompt: str = PROMPT, num_ctx: int = 256,
+) -> tuple[float, int]:  # fmt: skip
     """One streamed generation; ``mixed``: ``/api/show`` first, then a streamed ``/api/chat``
     on the same connection, as the official clients do (TTFT counts from the chat)."""
     if mixed:
@@ -105,12 +118,15 @@ async def api_stream(
         path, field = "/api/chat", "message"
         body = {
             "model": "tiny",
-            "messages": [{"role": "user", "content": PROMPT}],
-            "options": options(tokens, threads),
+            "messages": [{"role": "user", "content": prompt}],
+            "options": options(tokens, threads, num_ctx),
         }
     else:
         path, field = "/api/generate", "response"
-        body = {"model": "tiny", "prompt": PROMPT, "raw": True, "options": options(tokens, threads)}
+        body = {
+            "model": "tiny", "prompt": prompt, "raw": True,
+            "options": options(tokens, threads, num_ctx),
+        }  # fmt: skip
     start = time.perf_counter()
     ttft = 0.0
     count = 0
@@ -183,10 +199,12 @@ class Server:
 
 async def start_server(
     nursery: trio.Nursery, store: ModelStore, most: int, code: str | None, profile: str | None,
+    extra_env: dict[str, str] | None = None,
     *, task_status: trio.TaskStatus[tuple[int, int, float]] = trio.TASK_STATUS_IGNORED,
 ) -> None:  # fmt: skip
-    """Run a server (``code``: another checkout's package) until cancelled; started() gets
-    its port, pid and start-up time, once it answers."""
+    """Run a server (``code``: another checkout's package; ``extra_env``: variables set for
+    it alone) until cancelled; started() gets its port, pid and start-up time, once it
+    answers."""
     port = free_port()
     env = dict(
         os.environ,
@@ -195,6 +213,7 @@ async def start_server(
         OLLAMA_NUM_PARALLEL=str(most),
         OLLAMA_KEEP_ALIVE="-1",
         OLLAMA_MAX_QUEUE="4096",
+        **(extra_env or {}),
     )
     if code:  # serve another checkout's code (A/B against an older version)
         env["PYTHONPATH"] = code  # an absolute path
@@ -247,17 +266,19 @@ async def main(args: argparse.Namespace) -> None:
         async with AsyncExitStack() as stack:
             nursery = await stack.enter_async_context(trio.open_nursery())
             servers = []
-            for name, code, profile in (
-                ("after", args.server_path, args.profile),
-                ("before", args.before, None),
-            ):
-                if name == "after" or code:
-                    port, pid, started_in = await nursery.start(
-                        start_server, nursery, store, most, code, profile
-                    )
-                    url = f"http://127.0.0.1:{port}"
-                    clients = [httpx.AsyncClient(base_url=url, timeout=120) for _ in range(most)]
-                    servers.append(Server(name, url, pid, clients, {}, started_in))
+            variants: list[tuple[str, str | None, str | None, dict[str, str]]] = [
+                ("after", args.server_path, args.profile, {}),
+                *((name, args.server_path, None, env) for name, env in args.variant),
+            ]
+            if args.before:
+                variants.append(("before", args.before, None, {}))
+            for name, code, profile, extra_env in variants:
+                port, pid, started_in = await nursery.start(
+                    start_server, nursery, store, most, code, profile, extra_env
+                )
+                url = f"http://127.0.0.1:{port}"
+                clients = [httpx.AsyncClient(base_url=url, timeout=120) for _ in range(most)]
+                servers.append(Server(name, url, pid, clients, {}, started_in))
             if args.against_ollama:
                 env = {
                     "OLLAMA_NUM_PARALLEL": str(most),
@@ -300,8 +321,13 @@ async def measure(
 ) -> None:  # fmt: skip
     for server in servers:
         await wait_ready(server.url)
+    prompt = LONG_PROMPT if args.long_prompt else PROMPT
+    if args.saved_state:
+        for server in servers:
+            if server.name != "ollama":
+                await leave_saved_state(server, args)
     spec = LoadSpec(
-        model_path=str(model), name="tiny", num_ctx=256, num_parallel=most, num_batch=512,
+        model_path=str(model), name="tiny", num_ctx=args.num_ctx, num_parallel=most, num_batch=512,
         num_thread=args.threads, num_gpu=0 if args.cpu else -1,
     )  # fmt: skip
     factory = ProcessEngineFactory(load_timeout=120)
@@ -314,14 +340,18 @@ async def measure(
             timeout=120,
         )
         _, body = completion_request(
-            CompletionRequest(prompt=PROMPT, options=options(args.tokens, args.threads)),
+            CompletionRequest(
+                prompt=prompt, options=options(args.tokens, args.threads, args.num_ctx)
+            ),
             engine.context_length,
         )
         direct_body = json.dumps(body).encode()
 
         def via_api(server: Server) -> object:
             async def one(i: int) -> tuple[float, int]:
-                return await api_stream(server.clients[i], args.tokens, args.threads, args.mixed)
+                return await api_stream(
+                    server.clients[i], args.tokens, args.threads, args.mixed, prompt, args.num_ctx
+                )
 
             return one
 
@@ -335,9 +365,15 @@ async def measure(
         if args.pin:
             pin_cpus(engine.pid, [s.pid for s in servers])
         direct: dict[int, list[Round]] = {}
+        paths: list[Server | None] = [*servers, None]  # None: direct
         for streams in stream_counts:
-            for _ in range(args.rounds):
-                for server in servers:
+            for number in range(args.rounds):
+                # Each round starts with the next path: none always follows the same one.
+                shift = number % len(paths)
+                for server in paths[shift:] + paths[:shift]:
+                    if server is None:
+                        direct.setdefault(streams, []).append(await run_round(streams, via_direct))
+                        continue
                     process = psutil.Process(server.pid)
                     before, tree_before = process.cpu_times(), tree_cpu(server.pid)
                     r = await run_round(streams, via_api(server))
@@ -345,12 +381,28 @@ async def measure(
                     r.server_sys = after.system - before.system
                     r.server_cpu = (after.user - before.user) + r.server_sys
                     server.rounds.setdefault(streams, []).append(r)
-                direct.setdefault(streams, []).append(await run_round(streams, via_direct))
         await runner.aclose()
     for server in servers:
         for c in server.clients:
             await c.aclose()
     report(args, stream_counts, servers, direct)
+
+
+async def leave_saved_state(server: Server, args: argparse.Namespace) -> None:
+    """``--saved-state``: serve OTHER_PROMPT and unload, so that the server's next load finds
+    a state in its on-disk prompt cache that the measured prompt does not begin (what a
+    restart leaves behind).  The same options as the measured requests: the same cache key."""
+    client = server.clients[0]
+    body = {
+        "model": "tiny", "prompt": OTHER_PROMPT, "raw": True, "stream": False,
+        "options": options(4, args.threads, args.num_ctx),
+    }  # fmt: skip
+    (await client.post("/api/generate", json=body)).raise_for_status()
+    unload = {"model": "tiny", "keep_alive": 0}
+    (await client.post("/api/generate", json=unload)).raise_for_status()
+    with trio.fail_after(60):
+        while (await client.get("/api/ps")).json()["models"]:  # noqa: ASYNC110
+            await trio.sleep(0.05)  # another process's state: nothing to wait on but polling
 
 
 def pin_cpus(direct_runner: int | None, servers: list[int]) -> None:
@@ -419,7 +471,9 @@ def report(
         f"{args.model.name if args.model else 'tiny model'}, {args.tokens} tokens per request, "
         f"{args.rounds} rounds per row, llama.cpp threads {args.threads}, one keep-alive "
         f"client per stream"
-        f"{' (mixed: /api/show, then a streamed /api/chat)' if args.mixed else ''}; "
+        f"{' (mixed: /api/show, then a streamed /api/chat)' if args.mixed else ''}"
+        f"{'; long prompt' if args.long_prompt else ''}"
+        f"{'; a saved state the prompt does not begin' if args.saved_state else ''}; "
         f"API columns: {names}"
     )
     print(
@@ -440,6 +494,11 @@ def report(
         ratios = ", ".join(f"{r.tps / d.tps:.3f}" for r in own)
         tps = " / ".join(f"{r.tps:.0f}" for r in own)
         print(f"| {streams} | {cpu} | {tree} | {p50} | {p99} | {tps} / {d.tps:.0f} ({ratios}) |")
+    for streams in stream_counts:
+        d = summarize(direct[streams])
+        pairs = zip(servers, rows[streams], strict=True)
+        over = ", ".join(f"{s.name} {(r.p50 - d.p50) * 1e3:+.2f}" for s, r in pairs)
+        print(f"TTFT p50 over direct, {streams} streams (ms): {over}")
     if servers[-1].name == "ollama":
         report_against_ollama(stream_counts, servers, rows)
 
@@ -480,6 +539,15 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b > 0 else "n/a"
 
 
+def variant(text: str) -> tuple[str, dict[str, str]]:
+    """``--variant``'s ``NAME:VAR=VALUE[,VAR=VALUE]``."""
+    name, sep, assignments = text.partition(":")
+    env = dict(a.split("=", 1) for a in assignments.split(",") if "=" in a)
+    if not name or not sep or not env:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME:VAR=VALUE[,VAR=VALUE]")
+    return name, env
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", default="1,4,8,32")
@@ -503,6 +571,21 @@ if __name__ == "__main__":
         "--before", type=os.path.abspath,
         help="also serve this checkout's package, side by side, rounds interleaved (A/B)",
     )  # fmt: skip
+    parser.add_argument(
+        "--variant", type=variant, action="append", default=[], metavar="NAME:VAR=VALUE[,...]",
+        help="also serve this checkout with these environment variables set, rounds "
+        "interleaved (repeatable; e.g. 'cache-off:OLLAMATRIO_PROMPT_CACHE=0')",
+    )  # fmt: skip
+    parser.add_argument(
+        "--long-prompt", action="store_true",
+        help="a prompt of about 500 tokens (SmolLM2) instead of four words (use --num-ctx 1024)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--saved-state", action="store_true",
+        help="each server first serves another long prompt and unloads, leaving a state in its "
+        "on-disk prompt cache that the measured prompt does not begin",
+    )  # fmt: skip
+    parser.add_argument("--num-ctx", type=int, default=256, help="context per slot")
     parser.add_argument("--model", type=Path, help="a GGUF to serve instead of the tiny model")
     parser.add_argument(
         "--against-ollama", action="store_true",

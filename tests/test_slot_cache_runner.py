@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 import trio
 
 from ollamatrio.engines.process import ProcessEngine, ProcessEngineFactory
+from ollamatrio.engines.runner_http import RunnerHttp
 from ollamatrio.errors import RunnerCrashedError
 from ollamatrio.slot_cache import SlotCache
 from ollamatrio.types import CompletionRequest, LoadSpec, Message
@@ -49,6 +51,24 @@ async def ask(engine: ProcessEngine, messages: list[Message]) -> int:
         async for _ in stream:
             pass
     return int(metric(await engine.metrics(), "llamacpp:prompt_tokens_total"))
+
+
+async def ask_raw(engine: ProcessEngine, prompt: str) -> int:
+    """Run one raw prompt on a fresh runner; the prompt tokens it evaluated."""
+    async with engine.complete(CompletionRequest(prompt=prompt, options=OPTIONS)) as stream:
+        async for _ in stream:
+            pass
+    return int(metric(await engine.metrics(), "llamacpp:prompt_tokens_total"))
+
+
+class CountingCache(SlotCache):
+    """The prompt cache, counting its index lookups."""
+
+    finds = 0
+
+    def find(self, *args: Any, **kwargs: Any) -> Any:
+        self.finds += 1
+        return super().find(*args, **kwargs)
 
 
 @pytest.fixture
@@ -117,6 +137,43 @@ async def test_without_the_cache_the_prompt_is_evaluated_again(tiny_spec: LoadSp
         async with factory.open(tiny_spec) as engine:
             again = await ask(engine, conversation(2))
     assert again > first > 300
+
+
+async def test_a_prompt_that_begins_no_saved_state_costs_no_lookup(
+    tmp_path: Path, tiny_spec: LoadSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With states saved, a long prompt that none of them begins is sent as it is: no
+    tokenize round trip, no index lookup (before, every such request paid both), while a
+    prompt that continues a saved one is still restored (into the second slot: the first
+    holds the other story)."""
+    spec = replace(tiny_spec, num_parallel=2)
+    cache = CountingCache(tmp_path / "prompt-cache", 1 << 30)
+    factory = ProcessEngineFactory(slot_cache=cache, load_timeout=60)
+    saved = " ".join(f"Rule {i}: answer briefly." for i in range(40))
+    other = " ".join(f"Line {i} of another story." for i in range(40))
+    paths: list[str] = []
+    request = RunnerHttp.request
+
+    async def counted(self: RunnerHttp, method: str, path: str, *args: Any) -> Any:
+        paths.append(path)
+        return await request(self, method, path, *args)
+
+    monkeypatch.setattr(RunnerHttp, "request", counted)
+    with trio.fail_after(TIMEOUT):
+        async with factory.open(spec) as engine:
+            first = await ask_raw(engine, saved)
+        assert first > 300
+        assert cache.usage()[0] == 1
+        async with factory.open(spec) as engine:
+            paths.clear()
+            for _ in range(3):
+                before = await ask_raw(engine, other)
+            assert before > 300  # evaluated, from scratch
+            assert "/tokenize" not in paths
+            assert cache.finds == 0
+            after = await ask_raw(engine, saved + " And one more.")
+            assert after - before < 0.1 * first  # restored: only the new words evaluated
+            assert cache.finds == 1
 
 
 async def test_a_state_is_restored_only_for_its_own_model_and_options(

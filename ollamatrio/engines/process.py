@@ -327,6 +327,8 @@ class ProcessEngine(RunnerClient):
                 self._http = http
                 self._marks.update(ready.marks)
                 self._marks["handshake"] = time.monotonic()
+                if self._persistence is not None:  # read before any request can wait on it
+                    await self._persistence.load()
                 # Ready: from now on only the engine's owner stops the runner (``_stop``), so
                 # that a cancelled owner can still save its slots before the SIGTERM.
                 self._lifetime.shield = True

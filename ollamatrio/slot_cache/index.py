@@ -215,6 +215,15 @@ class SlotCache:
                 db.execute("SELECT COUNT(*) FROM states WHERE key = ?", (key,)).fetchone()[0]
             )
 
+    def states(self, key: str) -> list[tuple[str, list[int]]]:
+        """The states kept under ``key``: each one's name and tokens (none without a
+        folder)."""
+        if not (self.folder / INDEX_NAME).exists():
+            return []
+        with self._db() as db:
+            rows = db.execute("SELECT name, tokens FROM states WHERE key = ?", (key,)).fetchall()
+        return [(str(name), _unpack(blob)) for name, blob in rows]
+
     def find(
         self, key: str, tokens: list[int], *, minimum: int, skip: frozenset[str] = frozenset()
     ) -> Match | None:
