@@ -3,8 +3,8 @@ into the next runner of the same model and options (issue 22, item 3)."""
 
 from .index import Match, SlotCache
 from .key import cache_key
-from .policy import MIN_RESTORE_TOKENS, MIN_SAVE_TOKENS, SAVE_SECONDS
 from .statefile import read_state_tokens
+from .worth import MIN_RESTORE_TOKENS, MIN_SAVE_TOKENS, SAVE_SECONDS
 
 __all__ = [
     "MIN_RESTORE_TOKENS",
