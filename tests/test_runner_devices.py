@@ -92,8 +92,8 @@ def test_visible_devices_env(num_gpu: int, gpu_ids: tuple[str, ...], cuda: str) 
 def test_factory_env_hides_gpus_from_cpu_loads() -> None:
     inherited = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1", "GGML_VK_VISIBLE_DEVICES": "0"}
     factory = ProcessEngineFactory(env=inherited)
-    cpu = factory._runner_env(LoadSpec("m.gguf", "m", num_gpu=0, gpu_ids=UUIDS))
-    gpu = factory._runner_env(LoadSpec("m.gguf", "m", num_gpu=-1, gpu_ids=UUIDS[1:]))
+    cpu = factory.runner_env(LoadSpec("m.gguf", "m", num_gpu=0, gpu_ids=UUIDS))
+    gpu = factory.runner_env(LoadSpec("m.gguf", "m", num_gpu=-1, gpu_ids=UUIDS[1:]))
     assert {k: cpu[k] for k in HIDE_ALL} == HIDE_ALL
     assert {k: gpu[k] for k in HIDE_ALL} == {**HIDE_ALL, "CUDA_VISIBLE_DEVICES": UUIDS[1]}
     assert cpu["PATH"] == gpu["PATH"] == "/bin"
