@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -227,18 +228,22 @@ async def start_server(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    if profile:
-        profiler = await trio.lowlevel.open_process(
-            ["py-spy", "record", "-p", str(server.pid), "-o", profile, "-f", "raw", "-r", "200"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+    profiler: trio.Process | None = None
     try:
+        if profile:
+            # py-spy from this interpreter's folder when the venv is not on PATH.
+            spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+            profiler = await trio.lowlevel.open_process(
+                [spy, "record", "-p", str(server.pid), "-o", profile, "-f", "raw", "-r", "200"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
         started_in = await wait_answering(f"http://127.0.0.1:{port}", started)
         task_status.started((port, server.pid, started_in))
         await trio.sleep_forever()
     finally:
+        # Whatever failed (the profiler too), the server does not outlive the benchmark.
         with trio.CancelScope(shield=True):
-            if profile:
+            if profiler is not None:
                 profiler.send_signal(2)
                 with trio.move_on_after(30):
                     await profiler.wait()
