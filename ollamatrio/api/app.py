@@ -19,7 +19,7 @@ from ..observability.metrics import CONTENT_TYPE, ServerMetrics
 from ..scheduler import Scheduler
 from ..store import ModelStore
 from .chain import Chain, allow_header, request_state
-from .error_shapes import error_response
+from .error_shapes import error_for_route
 from .liveness import answer_liveness
 from .models import ApiContext
 from .native.handlers import OllamaApi
@@ -151,11 +151,11 @@ def create_app(
     async def http_error(exc: HTTPException) -> Response:
         if isinstance(exc, MethodNotAllowed | NotFound):
             return routing_error(exc)
-        return error_response(request.path, exc)
+        return error_for_route(request.path, exc)
 
     @app.errorhandler(Exception)
     async def any_error(exc: Exception) -> Response:
-        return error_response(request.path, exc)
+        return error_for_route(request.path, exc)
 
     # Pulls run in the app's nursery, which Quart opens at startup.
     streams = StreamRoutes(ctx, lambda: app.nursery)

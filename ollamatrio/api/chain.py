@@ -171,9 +171,9 @@ class Chain:
             # Imported here: the lazy app's liveness answers, which never fail, come
             # through this chain before Quart is imported.
             from .answers import send_response
-            from .error_shapes import error_response
+            from .error_shapes import error_for_route
 
-            await send_response(send, error_response(scope["path"], exc))
+            await send_response(send, error_for_route(scope["path"], exc))
             return
         status = 503 if isinstance(exc, ServerShuttingDownError) else 500
         if isinstance(exc, OllamatrioError):

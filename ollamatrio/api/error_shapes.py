@@ -22,6 +22,6 @@ SHAPES: dict[Dialect, ErrorShape] = {
 }
 
 
-def error_response(path: str, exc: BaseException) -> Response:
+def error_for_route(path: str, exc: BaseException) -> Response:
     """The answer to ``exc`` raised while serving ``path``, in that path's dialect."""
     return response_for(exc, SHAPES[dialect_of(path)])
