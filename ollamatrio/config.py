@@ -111,6 +111,9 @@ class Settings:
     # OLLAMATRIO_PROMPT_CACHE: each runner's host-RAM prompt cache in MiB; 0 = off,
     # -1 (unset) = derived from the model's context and the free RAM (docs/prompt_cache.md).
     prompt_cache_mib: int = -1
+    # OLLAMATRIO_CORES: the CPU cores the scheduler divides among the runners that are
+    # generating (scheduler/core_share.py); 0 = the physical cores this process may use.
+    cores: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -184,6 +187,7 @@ class Settings:
                 env, "OLLAMATRIO_PROMPT_DISK_CACHE", DEFAULT_PROMPT_DISK_CACHE_MIB
             ),
             prompt_cache_mib=_env_uint(env, "OLLAMATRIO_PROMPT_CACHE", -1),
+            cores=_env_uint(env, "OLLAMATRIO_CORES", 0),
         )
 
     @property

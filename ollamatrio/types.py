@@ -23,6 +23,10 @@ class LoadSpec:
     num_parallel: int = 1
     num_batch: int = 512
     num_thread: int = 0  # 0: let the engine decide
+    # With num_thread 0: the CPU cores the scheduler divides (its thread pool's size, of
+    # which the scheduler gives it a share while it runs; scheduler/core_share.py).  0: the
+    # engine's own default.
+    cores: int = 0
     num_gpu: int = 0  # layers offloaded to GPUs; 0 = CPU only, -1 = all
     main_gpu: int | None = None
     tensor_split: tuple[float, ...] = ()  # proportions per entry of gpu_ids

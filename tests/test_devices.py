@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,12 +17,14 @@ from ollamatrio.devices import (
     NvmlDevices,
     SimulatedDevices,
     SystemMemory,
+    cgroup_cpu_quota,
     cgroup_memory_cap,
     device_source,
     parse_size,
     parse_version,
     read_system_memory,
     select_visible,
+    usable_cores,
 )
 from ollamatrio.errors import OutOfMemoryError
 
@@ -403,6 +406,38 @@ def test_cgroup_memory_cap(
     expected: tuple[int, int] | None,
 ) -> None:
     assert cgroup_memory_cap(_cgroup_tree(tmp_path, files), membership) == expected
+
+
+@pytest.mark.parametrize(
+    ("files", "membership", "expected"),
+    [
+        pytest.param({"cgroup.controllers": "", "cpu.max": "max 100000\n"}, "0::/\n", None,
+                     id="v2-no-quota"),
+        pytest.param(
+            {"cgroup.controllers": "", "cpu.max": "max 100000\n",
+             "app/cpu.max": "250000 100000\n", "app/job/cpu.max": "max 100000\n"},
+            "0::/app/job\n", 3, id="v2-parent-quota-binds-rounded-up",
+        ),
+        pytest.param(
+            {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n",
+             "cpu/svc/cpu.cfs_quota_us": "100000\n", "cpu/svc/cpu.cfs_period_us": "100000\n"},
+            "5:cpu,cpuacct:/svc\n4:memory:/\n", 1, id="v1",
+        ),
+        pytest.param({}, "", None, id="no-cgroup-files"),
+    ],
+)  # fmt: skip
+def test_cgroup_cpu_quota(
+    tmp_path: Path, files: dict[str, str], membership: str, expected: int | None
+) -> None:
+    assert cgroup_cpu_quota(_cgroup_tree(tmp_path, files), membership) == expected
+
+
+def test_usable_cores_are_within_the_quota(tmp_path: Path) -> None:
+    root = _cgroup_tree(tmp_path, {"cgroup.controllers": "", "cpu.max": "50000 100000\n"})
+    membership = tmp_path / "self-cgroup"
+    membership.write_text("0::/\n")
+    assert usable_cores(root, membership) == 1
+    assert 1 <= usable_cores(tmp_path / "none", membership) <= (os.cpu_count() or 1)
 
 
 def test_read_system_memory_caps_by_cgroup(tmp_path: Path) -> None:

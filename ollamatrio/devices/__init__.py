@@ -11,7 +11,13 @@ CPUs under the cgroup limits), :mod:`.visibility` (``CUDA_VISIBLE_DEVICES``), :m
 the two a server uses).
 """
 
-from .host import cgroup_memory_cap, cpu_count, read_system_memory
+from .host import (
+    cgroup_cpu_quota,
+    cgroup_memory_cap,
+    cpu_count,
+    read_system_memory,
+    usable_cores,
+)
 from .inventory import GpuInfo, Inventory, SystemMemory
 from .nvml import NvmlDevices
 from .simulated import SimulatedDevices, parse_size, parse_version
@@ -25,6 +31,7 @@ __all__ = [
     "NvmlDevices",
     "SimulatedDevices",
     "SystemMemory",
+    "cgroup_cpu_quota",
     "cgroup_memory_cap",
     "cpu_count",
     "device_source",
@@ -32,4 +39,5 @@ __all__ = [
     "parse_version",
     "read_system_memory",
     "select_visible",
+    "usable_cores",
 ]

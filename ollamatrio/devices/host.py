@@ -3,6 +3,7 @@ cgroup memory limit (v1 or v2) over the process, and its CPU affinity."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,34 @@ def cpu_count() -> int:
         return psutil.cpu_count() or 1
 
 
+def usable_cores(cgroup_root: Path = CGROUP_ROOT, proc_self_cgroup: Path = PROC_SELF_CGROUP) -> int:
+    """Physical cores this process may keep busy: the CPUs of its affinity, counted as cores
+    (hyperthread siblings share one: llama.cpp's default is a thread per core), within the
+    tightest cgroup CPU quota over it."""
+    logical = psutil.cpu_count() or 1
+    physical = psutil.cpu_count(logical=False) or logical
+    cores = max(1, physical * cpu_count() // logical)
+    quota = cgroup_cpu_quota(cgroup_root, _read_text(proc_self_cgroup) or "")
+    return max(1, min(cores, quota)) if quota is not None else cores
+
+
+def cgroup_cpu_quota(root: Path, membership: str) -> int | None:
+    """Whole CPUs the tightest cgroup CPU quota over this process allows (rounded up), or
+    None without one.  ``membership`` is the text of ``/proc/self/cgroup``."""
+    quotas = []
+    for level, v2 in _cgroup_levels(root, membership, "cpu"):
+        if v2:
+            fields = (_read_text(level / "cpu.max") or "").split()
+            if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
+                quotas.append(int(fields[0]) / max(1, int(fields[1])))
+        else:
+            quota = _read_int(level / "cpu.cfs_quota_us")  # -1: none
+            period = _read_int(level / "cpu.cfs_period_us")
+            if quota is not None and period and quota > 0:
+                quotas.append(quota / period)
+    return math.ceil(min(quotas)) if quotas else None
+
+
 def cgroup_memory_cap(root: Path, membership: str) -> tuple[int, int] | None:
     """``(limit, headroom)`` of the tightest memory limit on this process, None if unlimited.
 
@@ -52,14 +81,16 @@ def cgroup_memory_cap(root: Path, membership: str) -> tuple[int, int] | None:
     return min(limit for limit, _ in caps), min(headroom for _, headroom in caps)
 
 
-def _cgroup_levels(root: Path, membership: str) -> Iterator[tuple[Path, bool]]:
-    """Directories (deepest first) holding this process's memory controller, with is-v2."""
+def _cgroup_levels(
+    root: Path, membership: str, controller: str = "memory"
+) -> Iterator[tuple[Path, bool]]:
+    """Directories (deepest first) holding this process's ``controller``, with is-v2."""
     v2 = (root / "cgroup.controllers").exists()
-    base = root if v2 else root / "memory"
+    base = root if v2 else root / controller
     relative = ""
     for line in membership.splitlines():
         _, controllers, path = [*line.split(":", 2), "", ""][:3]
-        if (v2 and controllers == "") or (not v2 and "memory" in controllers.split(",")):
+        if (v2 and controllers == "") or (not v2 and controller in controllers.split(",")):
             relative = path.strip().strip("/")
             break
     own = base / relative if relative else base

@@ -220,6 +220,7 @@ class ProcessEngine(RunnerClient):
         self._progress = progress
         self._persistence: SlotPersistence | None = None  # with a prompt cache, once ready
         self.ready: RunnerReady | None = None  # the runner's ready line, once ready
+        self._threads = 0  # the CPU threads last told (0: none yet, the ready line's count)
         self._marks: dict[str, float] = {}  # time.monotonic() at each end of a load phase
         self._spare: Spare | None = None  # the spare runner this engine took, if any
 
@@ -244,6 +245,29 @@ class ProcessEngine(RunnerClient):
         vram = dict(measured.vram_by_gpu)
         host = measured.rss or measured.uss
         return MemoryUsage(total=host + sum(vram.values()), vram_by_gpu=vram)
+
+    @property
+    def thread_pool(self) -> int:
+        ready = self.ready
+        return ready.threads if ready is not None and ready.thread_control else 0
+
+    @property
+    def threads(self) -> int:
+        return self._threads or (self.ready.threads if self.ready is not None else 0)
+
+    async def use_threads(self, threads: int) -> None:
+        """Tell the runner on its stdin (runner/threads.py).  Only the scheduler's core
+        share sends these, one at a time, so lines never interleave."""
+        pool = self.thread_pool
+        process = self._watch.process
+        if not pool or process is None or process.stdin is None:
+            return
+        threads = max(1, min(threads, pool))
+        try:
+            await process.stdin.send_all(b'{"threads":%d}\n' % threads)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+            return  # the runner is gone or going: its supervisor reports that
+        self._threads = threads
 
     @property
     def load_phases(self) -> dict[str, float]:

@@ -67,6 +67,23 @@ class Engine(Protocol):
         empty from an engine that does not measure them."""
         ...
 
+    @property
+    def thread_pool(self) -> int:
+        """The CPU threads it was loaded with, when :meth:`use_threads` can lower its count
+        while it runs; 0 when its count is fixed."""
+        ...
+
+    @property
+    def threads(self) -> int:
+        """The CPU threads it may use now (0: unknown)."""
+        ...
+
+    async def use_threads(self, threads: int) -> None:
+        """Use at most ``threads`` CPU threads from its next computation on (between 1 and
+        :attr:`thread_pool`; scheduler/core_share.py).  A model whose count is fixed, or
+        whose process has gone, ignores it."""
+        ...
+
     def complete(self, request: CompletionRequest) -> AbstractAsyncContextManager[ChunkBatches]:
         """Stream a generation.  Leaving the context early stops it and frees the slot."""
         ...

@@ -145,6 +145,10 @@ class SimulatedEngine:
         self._cached: list[str] = []  # the last prompt and answer, in words (reuse_prompt)
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(self)
+        # As a runner: a pool of the cores it was given, unless num_thread fixed its count.
+        self._pool = 0 if spec.num_thread else spec.cores
+        self._threads = spec.num_thread or spec.cores
+        self.thread_changes: list[int] = []  # every count it was told to use, in order
 
     @property
     def spec(self) -> LoadSpec:
@@ -165,6 +169,20 @@ class SimulatedEngine:
     @property
     def load_phases(self) -> Mapping[str, float]:
         return {}  # a simulated load has no phases worth measuring
+
+    @property
+    def thread_pool(self) -> int:
+        return self._pool
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    async def use_threads(self, threads: int) -> None:
+        if self._pool:
+            self._threads = max(1, min(threads, self._pool))
+            self.thread_changes.append(self._threads)
+        await trio.lowlevel.checkpoint()
 
     def crash(self) -> None:
         """Make the runner die now, as an abort() in llama.cpp would."""

@@ -226,6 +226,20 @@ class SchedulerState(Collector):
             memory.add_metric(list(labels), value)
         yield memory
 
+        threads = GaugeMetricFamily(
+            "ollamatrio_runner_threads",
+            "CPU threads each loaded model may use now: the cores divided among the "
+            "runners that generate",
+            labels=["model"],
+        )
+        counts: dict[str, int] = {}  # a chat and an embedding runner of one model add up
+        for info in sched.ps():
+            if info.threads:
+                counts[info.name] = counts.get(info.name, 0) + info.threads
+        for model, count in sorted(counts.items()):
+            threads.add_metric([model], count)
+        yield threads
+
         cache = GaugeMetricFamily(
             "ollamatrio_prompt_cache_bytes",
             "Host RAM each loaded model's prompt cache may fill (its limit, counted in "

@@ -4,6 +4,9 @@ Protocol with the client (:mod:`ollamatrio.engines.process`):
 
 * stdin, first line: a :class:`~ollamatrio.runner.options.RunnerConfig` as JSON (the API key
   never appears on the command line).  stdin then stays open: its EOF means the client died.
+  Once ready, the client may send ``{"threads": n}`` lines: the CPU threads the engine may
+  use from now on (``runner/threads.py``; the ready line's ``thread_control`` says whether
+  this runner obeys them).
 * stdout: exactly one JSON line, a :class:`~ollamatrio.runner.events.RunnerReady` or a
   :class:`~ollamatrio.runner.events.RunnerFailed`; the ready line's ``marks`` say when each
   stretch of the start ended (``time.monotonic``).
@@ -45,6 +48,7 @@ from ollamatrio.runner.events import (
     RunnerReady,
 )
 from ollamatrio.runner.file_limit import restore_inherited_limit
+from ollamatrio.runner.import_slot import ImportSlotError
 from ollamatrio.runner.options import (
     POOLING_TYPES,
     GpuFacts,
@@ -54,6 +58,7 @@ from ollamatrio.runner.options import (
     is_oom,
     plan_load,
 )
+from ollamatrio.runner.threads import ThreadShare, share_threads
 from ollamatrio.runner.visibility import visible_devices_env
 
 _PR_SET_PDEATHSIG = 1
@@ -91,6 +96,10 @@ def _read_config_line() -> str:
 
 _protocol_fd = 1  # the real stdout, reserved for the one event line (see main)
 _socket_dir: str | None = None  # the private folder; every way out removes it (_leave)
+# The engine, referenced until os._exit: its destructor joins llama.cpp's loop thread while
+# holding the GIL, and that thread may be waiting for the GIL in the thread share's hook
+# (runner/threads.py): a deadlock.  The process never tears the engine down; it exits.
+_engine: Any = None
 
 
 def _leave(code: int) -> NoReturn:
@@ -212,12 +221,43 @@ def _slot_context(config: RunnerConfig, plan: LoadPlan) -> int:
     return int(slots[0]["n_ctx"]) if slots else plan.ctx_per_slot
 
 
-async def _exit_on_stdin_eof(done: trio.CancelScope) -> None:
+class _Commands:
+    """What the client's lines on stdin act on, once the model is loaded."""
+
+    share: ThreadShare | None = None
+
+    def apply(self, line: bytes) -> None:
+        message = self.share.apply(line) if self.share is not None else None
+        if message:
+            print(f"ollamatrio runner: {message}", file=sys.stderr, flush=True)
+
+
+async def _follow_stdin(done: trio.CancelScope, commands: _Commands) -> None:
+    """Apply the client's command lines; leave on EOF (the client died or let go)."""
     stdin = trio.lowlevel.FdStream(os.dup(0))
+    pending = b""
     async with stdin:
-        while await stdin.receive_some(4096):
-            pass
+        while chunk := await stdin.receive_some(4096):
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                commands.apply(line)
     done.cancel()
+
+
+def _share_threads(config: RunnerConfig) -> tuple[ThreadShare | None, int]:
+    """The engine's thread count, and a :class:`ThreadShare` on it when the scheduler
+    divides the cores (no explicit ``num_thread``) and the engine allows it."""
+    import xllamacpp.xllamacpp as engine
+
+    spec = config.spec
+    threads = spec.num_thread or spec.cores or psutil.cpu_count(logical=False) or 1
+    if spec.num_thread:
+        return None, threads
+    try:
+        return share_threads(str(engine.__file__), threads), threads
+    except (ImportSlotError, OSError, AttributeError) as exc:
+        print(f"ollamatrio runner: fixed threads: {exc}", file=sys.stderr, flush=True)
+        return None, threads
 
 
 async def _exit_on_signal(done: trio.CancelScope, parent_pid: int) -> None:
@@ -231,17 +271,22 @@ async def _exit_on_signal(done: trio.CancelScope, parent_pid: int) -> None:
 
 async def serve(config: RunnerConfig) -> int:
     """Load, report, and hold the server until told to go.  Returns the exit code."""
+    commands = _Commands()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_exit_on_stdin_eof, nursery.cancel_scope)
+        nursery.start_soon(_follow_stdin, nursery.cancel_scope, commands)
         nursery.start_soon(_exit_on_signal, nursery.cancel_scope, config.parent_pid)
         started = time.monotonic()
         # Abandoning the loading thread on cancel is safe: the process exits right after.
         server, plan, error = await trio.to_thread.run_sync(_load, config, abandon_on_cancel=True)
+        global _engine
+        _engine = server
         if server is None:
             _emit(RunnerFailed(error=error or "unknown error", oom=is_oom(error or "")))
             nursery.cancel_scope.cancel()
             return 1
         load_seconds = time.monotonic() - started
+        # Before the ready line: no request can have reached the engine yet.
+        commands.share, threads = _share_threads(config)
         context_length = await trio.to_thread.run_sync(_slot_context, config, plan)
         from ollamatrio.runner.measure import measure
 
@@ -258,9 +303,11 @@ async def serve(config: RunnerConfig) -> int:
                 load_seconds=round(load_seconds, 4),
                 marks=dict(_marks),
                 plan=plan,
+                threads=threads,
+                thread_control=commands.share is not None,
             )
         )
-        await trio.sleep_forever()  # `server` stays referenced until the process ends
+        await trio.sleep_forever()
     return 0
 
 

@@ -50,6 +50,9 @@ class RunnerReady:
     # When each stretch of the start ended (time.monotonic, the same clock in both processes).
     marks: Mapping[str, float] = field(default_factory=dict)
     plan: LoadPlan | None = None  # the load parameters llama.cpp got
+    threads: int = 0  # the engine's CPU threads (0: unknown)
+    # Whether the runner obeys ``{"threads": n}`` lines on its stdin (runner/threads.py).
+    thread_control: bool = False
 
     def to_json(self) -> str:
         return json.dumps({"event": "ready", **dataclasses.asdict(self)}, separators=(",", ":"))
@@ -111,4 +114,6 @@ def _ready(raw: dict[str, Any]) -> RunnerReady:
         plan=None
         if plan is None
         else LoadPlan(**{**plan, "warnings": tuple(plan.get("warnings", ()))}),
+        threads=int(raw.get("threads") or 0),
+        thread_control=bool(raw.get("thread_control")),
     )

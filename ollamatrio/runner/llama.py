@@ -65,9 +65,10 @@ def build_params(config: RunnerConfig, plan: LoadPlan) -> xlc.CommonParams:
     p.n_parallel = plan.n_parallel
     p.n_batch = plan.n_batch
     p.n_ubatch = plan.n_ubatch
-    if spec.num_thread > 0:
-        p.cpuparams.n_threads = spec.num_thread
-        p.cpuparams_batch.n_threads = spec.num_thread
+    threads = spec.num_thread or spec.cores
+    if threads > 0:
+        p.cpuparams.n_threads = threads
+        p.cpuparams_batch.n_threads = threads
     p.flash_attn_type = _FLASH[plan.flash_attention]
     kv = xlc.ggml_type[f"GGML_TYPE_{plan.kv_cache_type.upper()}"]
     p.cache_type_k = kv

@@ -55,6 +55,7 @@ class RunnerInfo:
     keep_alive: float
     expires_at: float | None  # wall-clock seconds; None = never
     pid: int | None
+    threads: int = 0  # CPU threads it may use now (scheduler/cores.py; 0: unknown)
     pinned: bool = False  # never evicted, never expires (model_config.py)
     prompt_cache: int = 0  # bytes: the host prompt cache's limit, counted in ``size``
 
@@ -280,6 +281,7 @@ class Runner:
             keep_alive=self.keep_alive,
             expires_at=self.expires_at(),
             pid=self.engine.pid if self.engine is not None else None,
+            threads=self.engine.threads if self.engine is not None else 0,
             pinned=self.pinned,
             prompt_cache=self.placement.prompt_cache,
         )

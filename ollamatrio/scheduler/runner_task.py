@@ -71,6 +71,7 @@ class RunnerTasks:
         events: EventHub,
         calibration: VramCalibration,
         wake: Callable[[], None],
+        cores: int = 0,
     ) -> None:
         self._settings = settings
         self._models = models
@@ -81,6 +82,7 @@ class RunnerTasks:
         self._events = events
         self._calibration = calibration
         self._wake = wake
+        self._cores = cores  # each runner's thread pool, unless num_thread fixes its count
 
     def start(self, pending: PendingRequest, placement: Placement) -> Runner:
         """A new runner for ``pending`` at ``placement``, booked and loading."""
@@ -100,6 +102,7 @@ class RunnerTasks:
             num_parallel=load.num_parallel,
             num_batch=load.num_batch,
             num_thread=load.num_thread,
+            cores=0 if load.num_thread else self._cores,
             num_gpu=placement.num_gpu,
             main_gpu=None,
             tensor_split=placement.tensor_split,

@@ -36,7 +36,8 @@ import trio
 
 from .. import model_info
 from ..config import Settings
-from ..devices import DeviceSource, Inventory, device_source
+from ..devices import DeviceSource, Inventory, device_source, usable_cores
+from ..devices.cpu_load import CpuElsewhere
 from ..engines.protocol import EngineFactory
 from ..errors import (
     GGUFError,
@@ -51,6 +52,7 @@ from ..memory import projector_bytes
 from ..model_config import ModelConfig
 from .admission import Lease, ModelRequest, PendingRequest
 from .calibration import VramCalibration
+from .core_share import CoreShare
 from .events import EventHub, EventKind, EvictReason, SchedulerEvent
 from .options import LoadOptions, default_context_length, resolve_load_options
 from .placement import Placement
@@ -69,6 +71,8 @@ class Scheduler:
         devices: DeviceSource,
         nursery: trio.Nursery,
         models: ModelConfig | None = None,
+        *,
+        cpu_elsewhere: CpuElsewhere | None = None,
     ) -> None:
         self.settings = settings
         self.models = models or ModelConfig()  # per-model settings (OLLAMATRIO_CONFIG)
@@ -87,6 +91,10 @@ class Scheduler:
         # Wall-clock seconds of recent placement passes (benchmarks, metrics).
         self.pass_seconds: deque[float] = deque(maxlen=4096)
         self.events = EventHub()
+        # The cores divided among the runners that generate (core_share.py).
+        self.core_share = CoreShare(
+            settings.cores or usable_cores(), self.runners, elsewhere=cpu_elsewhere
+        )
         self._tasks = RunnerTasks(
             settings=settings,
             models=self.models,
@@ -97,6 +105,7 @@ class Scheduler:
             events=self.events,
             calibration=self.calibration,
             wake=self._wake,
+            cores=self.core_share.cores,
         )
 
     # -- public API ---------------------------------------------------------------------
@@ -105,6 +114,7 @@ class Scheduler:
     async def lease(self, request: ModelRequest) -> AsyncIterator[Lease]:
         started = trio.current_time()
         runner = await self._acquire(request)  # returns with refs already +1
+        self.core_share.changed()
         try:
             load_duration = max(0.0, runner.loaded_at - started)
             try:
@@ -121,6 +131,7 @@ class Scheduler:
                 runner.slots.release()
         finally:
             runner.unpin()
+            self.core_share.changed()
 
     async def load(self, request: ModelRequest) -> Lease:
         """Load (or reuse) a model and release it at once: Ollama's empty-prompt request (B24)."""
@@ -370,6 +381,7 @@ class Scheduler:
     # -- the placement task -------------------------------------------------------------
 
     def _wake(self) -> None:
+        self.core_share.changed()
         self._wakeup.set()
         self._changed.set()
         self._changed = trio.Event()
@@ -461,9 +473,12 @@ async def open_scheduler(
     engines: EngineFactory | None = None,
     devices: DeviceSource | None = None,
     models: ModelConfig | None = None,
+    cpu_elsewhere: CpuElsewhere | None = None,
 ) -> AsyncIterator[Scheduler]:
     """Run a scheduler for the duration of the block; on exit every runner is unloaded.
-    ``models`` holds the per-model settings (none by default)."""
+    ``models`` holds the per-model settings (none by default).  ``cpu_elsewhere`` reads the
+    cores other processes keep busy; by default it is read for runner processes started from
+    ``settings`` (not for an engine factory given here, nor for simulated engines)."""
     settings = settings or Settings.from_env()
     if devices is None:
         devices = device_source(settings)
@@ -471,10 +486,13 @@ async def open_scheduler(
         from ..engines import default_engine_factory
 
         engines = default_engine_factory(settings, devices)
+        if cpu_elsewhere is None and settings.engine == "process":
+            cpu_elsewhere = CpuElsewhere(settings.cores or usable_cores())
     async with trio.open_nursery() as nursery:
-        sched = Scheduler(settings, engines, devices, nursery, models)
+        sched = Scheduler(settings, engines, devices, nursery, models, cpu_elsewhere=cpu_elsewhere)
         await sched._freeze_limits()
         await nursery.start(sched._placement_loop)
+        await nursery.start(sched.core_share.run)
         try:
             yield sched
         finally:

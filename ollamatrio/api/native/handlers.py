@@ -116,6 +116,9 @@ class OllamaApi:
                         "active": info.active,
                         "slots": info.num_parallel,
                         "pinned": info.pinned,
+                        # CPU threads it may use now: the cores divided among the
+                        # runners that generate (docs/scheduling.md).
+                        "threads": info.threads,
                         # Host RAM the runner's prompt cache may fill (bytes; docs/api.md).
                         "prompt_cache": info.prompt_cache,
                     }
