@@ -116,7 +116,8 @@ class OllamaApi:
                         "active": info.active,
                         "slots": info.num_parallel,
                         "pinned": info.pinned,
-                        # Host RAM the runner's prompt cache may fill (bytes; docs/api.md).
+                        # Host RAM the runner's prompt cache holds now, beside ``size``
+                        # (bytes; docs/api.md).
                         "prompt_cache": info.prompt_cache,
                     }
                     for info in self.ctx.scheduler.ps()
