@@ -53,6 +53,8 @@ class PromptCacheAllowance:
         self.granted = limit
 
     def _data(self) -> int:
+        # Linux's statm "data": VmData and the main thread's stack (which RLIMIT_DATA leaves
+        # out, so the cap sits that much, a few hundred KiB, above the grant).
         return int(self._process.memory_info().data)
 
     def held(self) -> int:
