@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ollamatrio.engines.cache_allowance import HEADROOM, MiB, PromptCacheAllowance
+from ollamatrio.engines.cache_allowance import HEADROOM, MiB, PromptCacheAllowance, open_allowance
 
 CHILD = """
 import sys
@@ -81,3 +81,4 @@ def test_a_runner_that_is_gone_holds_nothing_and_takes_no_grant(
     assert cache.held() == 0
     cache.grant(MiB)  # no error
     assert cache.granted == 64 * MiB  # nothing was capped
+    assert open_allowance(child.pid, 64 * MiB) is None

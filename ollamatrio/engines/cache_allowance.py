@@ -81,3 +81,12 @@ class PromptCacheAllowance:
             log.debug("cannot cap the prompt cache of runner %d: %s", self._process.pid, exc)
             return
         self.granted = nbytes
+
+
+def open_allowance(pid: int, limit: int) -> PromptCacheAllowance | None:
+    """The allowance of runner ``pid``'s cache, or None when it is gone already (its crash
+    is reported by whoever watches the process)."""
+    try:
+        return PromptCacheAllowance(pid, limit)
+    except psutil.Error:
+        return None

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ollamatrio.config import DEFAULT_STALL_TIMEOUT
-from ollamatrio.engines.cache_allowance import MiB, PromptCacheAllowance
+from ollamatrio.engines.cache_allowance import MiB, PromptCacheAllowance, open_allowance
 from ollamatrio.engines.chunk_stream import ChunkStream
 from ollamatrio.engines.handshake import LoadStall, send_config, wait_ready, watch_load
 from ollamatrio.engines.health import RunnerWatch
@@ -326,7 +326,7 @@ class ProcessEngine(RunnerClient):
                 self._progress(total, total)
             self._context_length = ready.context_length or self._spec.num_ctx
             if self._spec.prompt_cache_mib > 0:  # measured now, while the cache is empty
-                self._cache = PromptCacheAllowance(process.pid, self._spec.prompt_cache_mib * MiB)
+                self._cache = open_allowance(process.pid, self._spec.prompt_cache_mib * MiB)
             cache = self._factory.slot_cache
             plan = dataclasses.asdict(ready.plan) if ready.plan is not None else {}
             if cache is not None and self._config.slot_save_dir and not plan.get("embedding"):
