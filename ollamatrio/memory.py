@@ -275,7 +275,8 @@ class Estimate:
     overhead: int  # runner process and llama.cpp's vocabulary
     projector: int = 0  # vision projector weights + image encoder graph, on the first device
     # llama.cpp's host-RAM prompt cache: slot states kept after they lost their slot.  It
-    # grows on demand up to this limit, always on the CPU (scheduler/prompt_cache.py).
+    # grows on demand up to this limit, always on the CPU; it is not counted in ``total``:
+    # placement books what the cache holds, as it grows (scheduler/prompt_cache.py).
     prompt_cache: int = 0
 
     @property
@@ -312,7 +313,6 @@ class Estimate:
             + self.output_buffer
             + self.overhead
             + self.projector
-            + self.prompt_cache
         )
 
 
@@ -439,7 +439,7 @@ class Layout:
     num_gpu_layers: int
     tensor_split: tuple[float, ...]
     fits_fully: bool  # every layer, output included, is on a GPU
-    prompt_cache: int = 0  # the host prompt cache's limit, counted in host_bytes
+    prompt_cache: int = 0  # the host prompt cache's limit (not in host_bytes: it starts empty)
 
     @property
     def vram(self) -> int:
@@ -532,7 +532,6 @@ def plan_layout(
         + estimate.output_buffer
         + estimate.overhead
         + (estimate.projector if first is None else 0)
-        + estimate.prompt_cache
     )
     return Layout(
         gpu_layers=dict(reversed(gpu_layers.items())),

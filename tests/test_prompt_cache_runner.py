@@ -1,7 +1,8 @@
 """llama.cpp's prompt reuse with real runners (SmolLM2 on the CPU): two agent-shaped
 conversations alternating on one slot keep their prefixes in the host-RAM prompt cache, a
 title request between their turns does not push them out, and with two slots each
-conversation keeps its own slot (llama.cpp picks the slot by longest common prefix).
+conversation keeps its own slot (llama.cpp picks the slot by longest common prefix); and a
+cache capped below its limit by the scheduler's grant skips saves and keeps serving.
 
 Each conversation's system prompt is ~1,400 tokens; "re-evaluates ≤ 5 %" is read from the
 final chunk's counts (``prompt_eval_count`` the whole prompt, ``prompt_cached_count`` the
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from ollamatrio.engines import cache_allowance
+from ollamatrio.engines.cache_allowance import MiB
 from ollamatrio.engines.process import ProcessEngine, ProcessEngineFactory
 from ollamatrio.testing.agent_prompts import Conversation, title_request
 from ollamatrio.types import Chunk, CompletionRequest, LoadSpec, Message
@@ -126,3 +129,24 @@ async def test_each_conversation_keeps_its_own_slot(smollm2_path: Path) -> None:
         await turn(engine, b, 1)
         assert_reused(await turn(engine, a, 2))
         assert_reused(await turn(engine, b, 2))
+
+
+async def test_a_cache_capped_below_its_limit_skips_saves_and_keeps_serving(
+    smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler's grant caps the runner's private memory (RLIMIT_DATA): a save that
+    would pass it fails inside llama.cpp, which keeps serving and drops states instead."""
+    monkeypatch.setattr(cache_allowance, "HEADROOM", 16 * MiB)  # one slot needs ~1 MiB
+    cap = 16 * MiB + 8 * MiB
+    async with ProcessEngineFactory().open(spec(smollm2_path, slots=1, cache_mib=256)) as engine:
+        engine.grant_prompt_cache(8 * MiB)
+        held = []
+        for n in range(6):  # each ~320-token prompt leaves a 7.1 MiB state to save
+            words = " ".join(f"word{n}x{i}" for i in range(60))
+            _, final = await ask(engine, [Message(role="user", content=words)])
+            assert final.prompt_eval_count > 300
+            held.append(engine.prompt_cache_held())
+        assert await engine.healthy()
+    assert max(held) >= 14 * MiB, held  # two states were saved and counted
+    assert max(held) <= cap, held  # uncapped, six saves would hold 35 MiB
+    assert held[-1] < max(held), held  # the save that failed made llama.cpp drop states

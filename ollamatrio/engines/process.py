@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ollamatrio.config import DEFAULT_STALL_TIMEOUT
+from ollamatrio.engines.cache_allowance import MiB, PromptCacheAllowance, open_allowance
 from ollamatrio.engines.chunk_stream import ChunkStream
 from ollamatrio.engines.handshake import LoadStall, send_config, wait_ready, watch_load
 from ollamatrio.engines.health import RunnerWatch
@@ -223,6 +224,7 @@ class ProcessEngine(RunnerClient):
         self._threads = 0  # the CPU threads last told (0: none yet, the ready line's count)
         self._marks: dict[str, float] = {}  # time.monotonic() at each end of a load phase
         self._spare: Spare | None = None  # the spare runner this engine took, if any
+        self._cache: PromptCacheAllowance | None = None  # with a host prompt cache, once ready
 
     # -- Engine protocol: facts --------------------------------------------------------
 
@@ -245,6 +247,13 @@ class ProcessEngine(RunnerClient):
         vram = dict(measured.vram_by_gpu)
         host = measured.rss or measured.uss
         return MemoryUsage(total=host + sum(vram.values()), vram_by_gpu=vram)
+
+    def prompt_cache_held(self) -> int:
+        return self._cache.held() if self._cache is not None else 0
+
+    def grant_prompt_cache(self, nbytes: int) -> None:
+        if self._cache is not None:
+            self._cache.grant(nbytes)
 
     @property
     def thread_pool(self) -> int:
@@ -340,6 +349,8 @@ class ProcessEngine(RunnerClient):
             if self._progress is not None:
                 self._progress(total, total)
             self._context_length = ready.context_length or self._spec.num_ctx
+            if self._spec.prompt_cache_mib > 0:  # measured now, while the cache is empty
+                self._cache = open_allowance(process.pid, self._spec.prompt_cache_mib * MiB)
             cache = self._factory.slot_cache
             plan = dataclasses.asdict(ready.plan) if ready.plan is not None else {}
             if cache is not None and self._config.slot_save_dir and not plan.get("embedding"):

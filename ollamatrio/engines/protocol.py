@@ -61,6 +61,17 @@ class Engine(Protocol):
         """Measured memory after load."""
         ...
 
+    def prompt_cache_held(self) -> int:
+        """Bytes its host prompt cache holds now (0 without one).  Cheap: the scheduler
+        reads it on every placement pass, to book it beside the model."""
+        ...
+
+    def grant_prompt_cache(self, nbytes: int) -> None:
+        """Let its host prompt cache hold at most ``nbytes`` (never more than its limit)
+        from now on: a state that would pass it is not saved, and a grant below what the
+        cache holds makes it drop states at its next save."""
+        ...
+
     @property
     def load_phases(self) -> Mapping[str, float]:
         """Seconds per phase of the load, in order (the process engine's ``LOAD_PHASES``);

@@ -17,7 +17,7 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, fields
 from typing import Any
@@ -78,6 +78,10 @@ class SimulatedBehaviour:
     # Reuse the words a prompt shares with the previous one (prompt, then answer) instead of
     # "evaluating" them, as llama.cpp's slot and prompt cache do: at least one is evaluated.
     reuse_prompt: bool = False
+    # Host prompt cache bytes a slot state takes per token (0: none kept).  As llama.cpp's
+    # with one slot: a request saves the previous one's state (prompt and answer) in the
+    # cache, up to the load's limit and the scheduler's grant (see SimulatedPromptCache).
+    state_bytes_per_token: int = 0
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> SimulatedBehaviour:
@@ -124,13 +128,50 @@ class ChunkByChunk:
         await self._chunks.aclose()
 
 
+class SimulatedPromptCache:
+    """llama.cpp's host prompt cache as far as memory goes: saved states, oldest evicted first
+    to stay within the limit; a save that would pass the grant fails as an allocation would
+    under the runner's cap (engines/cache_allowance.py), and then, as llama.cpp does, the
+    limit drops to 40 % of what the cache held, for good."""
+
+    def __init__(self, limit: int, on_change: Callable[[int], None]) -> None:
+        self.limit = limit
+        self.granted = limit
+        self.states: list[int] = []
+        self._on_change = on_change
+
+    @property
+    def held(self) -> int:
+        return sum(self.states)
+
+    def grant(self, nbytes: int) -> None:
+        self.granted = max(0, min(nbytes, self.limit))
+
+    def save(self, nbytes: int) -> None:
+        if 0 < nbytes <= self.limit:
+            while self.held + nbytes > self.limit:
+                self.states.pop(0)
+            if self.held + nbytes > self.granted:
+                self.limit = max(1, int(0.4 * self.held))
+                while self.held > self.limit:
+                    self.states.pop(0)
+            else:
+                self.states.append(nbytes)
+        self._on_change(self.held)
+
+
 class SimulatedEngine:
     """One simulated loaded model."""
 
     _pids = itertools.count(1_000_000)
 
     def __init__(
-        self, spec: LoadSpec, info: GGUFInfo, memory: MemoryUsage, behaviour: SimulatedBehaviour
+        self,
+        spec: LoadSpec,
+        info: GGUFInfo,
+        memory: MemoryUsage,
+        behaviour: SimulatedBehaviour,
+        on_cache_change: Callable[[int], None] = lambda held: None,
     ) -> None:
         self._spec = spec
         self._info = info
@@ -143,6 +184,7 @@ class SimulatedEngine:
         self.prompt_tokens = 0
         self.predicted_tokens = 0
         self._cached: list[str] = []  # the last prompt and answer, in words (reuse_prompt)
+        self.prompt_cache = SimulatedPromptCache(spec.prompt_cache_mib << 20, on_cache_change)
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(self)
         # As a runner: a pool of the cores it was given, unless num_thread fixed its count.
@@ -165,6 +207,12 @@ class SimulatedEngine:
     @property
     def memory(self) -> MemoryUsage:
         return self._memory
+
+    def prompt_cache_held(self) -> int:
+        return self.prompt_cache.held
+
+    def grant_prompt_cache(self, nbytes: int) -> None:
+        self.prompt_cache.grant(nbytes)
 
     @property
     def load_phases(self) -> Mapping[str, float]:
@@ -209,6 +257,8 @@ class SimulatedEngine:
         words = prompt.split()
         reused = min(_common_prefix(self._cached, words), n_prompt - 1) if b.reuse_prompt else 0
         evaluated = n_prompt - reused
+        if b.state_bytes_per_token and self._cached:  # the slot's previous state is saved
+            self.prompt_cache.save(len(self._cached) * b.state_bytes_per_token)
         await trio.sleep(evaluated / b.prompt_tokens_per_second)
         self.prompt_tokens += evaluated
         limit = int(request.options.get("num_predict", -1) or -1)
@@ -364,7 +414,14 @@ class SimulatedEngineFactory:
             raise RunnerStartError(f"{spec.name}: llama_model_load: error loading model")
         memory = await self._memory(spec, info)
         owner = f"{spec.name}#{next(self._owners)}"
-        engine = SimulatedEngine(spec, info, memory, behaviour)
+        devices = self._devices
+
+        def book_cache(held: int) -> None:  # the cache's host RAM, as the runner's would be
+            if devices is not None:
+                devices.release(f"{owner}/prompt-cache")
+                devices.allocate_host(f"{owner}/prompt-cache", held)
+
+        engine = SimulatedEngine(spec, info, memory, behaviour, book_cache)
         try:
             if self._devices is not None:
                 for gpu_id, nbytes in memory.vram_by_gpu.items():
@@ -384,6 +441,7 @@ class SimulatedEngineFactory:
                 del self.engines[spec.name]
             if self._devices is not None:
                 self._devices.release(owner)
+                self._devices.release(f"{owner}/prompt-cache")
 
 
 def _prompt(request: CompletionRequest) -> str:

@@ -240,18 +240,30 @@ class SchedulerState(Collector):
             threads.add_metric([model], count)
         yield threads
 
-        cache = GaugeMetricFamily(
+        held = GaugeMetricFamily(
             "ollamatrio_prompt_cache_bytes",
-            "Host RAM each loaded model's prompt cache may fill (its limit, counted in "
-            "ollamatrio_memory_bytes on the cpu device)",
+            "Host RAM each loaded model's prompt cache holds now (booked beside the model, "
+            "not in ollamatrio_memory_bytes)",
             labels=["model"],
         )
-        limits: dict[str, int] = {}
+        limit = GaugeMetricFamily(
+            "ollamatrio_prompt_cache_limit_bytes",
+            "Host RAM each loaded model's prompt cache may grow to (llama.cpp's cache_ram_mib; "
+            "it grows only into memory no model has booked)",
+            labels=["model"],
+        )
+        by_model: dict[str, tuple[int, int]] = {}
         for info in sched.ps():
-            limits[info.name] = limits.get(info.name, 0) + info.prompt_cache
-        for model, nbytes in sorted(limits.items()):
-            cache.add_metric([model], nbytes)
-        yield cache
+            was_held, was_limit = by_model.get(info.name, (0, 0))
+            by_model[info.name] = (
+                was_held + info.prompt_cache,
+                was_limit + info.prompt_cache_limit,
+            )
+        for model, (nbytes, most) in sorted(by_model.items()):
+            held.add_metric([model], nbytes)
+            limit.add_metric([model], most)
+        yield held
+        yield limit
 
 
 def _add_memory(totals: dict[tuple[str, str, str], int], runner: Runner) -> None:

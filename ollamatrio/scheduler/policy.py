@@ -117,7 +117,8 @@ def decide(
             projector=pending.projector,
         ),
     )
-    # The host prompt cache is part of what this load costs the host (prompt_cache.py).
+    # The host prompt cache's limit goes to the runner; placement books none of it (the
+    # cache starts empty), only what it holds once it grows (prompt_cache.py).
     cache = prompt_cache_bytes(
         model_mib=models.lookup(request.name).prompt_cache,
         server_mib=settings.prompt_cache_mib,
@@ -243,7 +244,8 @@ def free_room(
     calibration: VramCalibration,
 ) -> tuple[list[DeviceRoom], int]:
     """Memory a new load may use per GPU and on the host (B32, clamped), as if the
-    runners in ``gone`` had already unloaded and the reservations were taken."""
+    runners in ``gone`` had already unloaded and the reservations were taken.  A runner's
+    host memory is its model's plus what its prompt cache holds now."""
     used: dict[str, int] = {}
     freed: dict[str, int] = {}
     host_used = host_freed = 0
@@ -252,7 +254,7 @@ def free_room(
         bucket = freed if runner in gone else used
         for gpu_id, nbytes in mem.vram_by_gpu.items():
             bucket[gpu_id] = bucket.get(gpu_id, 0) + nbytes
-        host = max(0, mem.total - mem.vram)
+        host = max(0, mem.total - mem.vram) + runner.prompt_cache_held
         if runner in gone:
             host_freed += host
         else:

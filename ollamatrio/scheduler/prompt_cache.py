@@ -3,8 +3,9 @@
 llama.cpp keeps the state of a slot that is given to another prompt in a host-RAM cache
 (``cache_ram_mib``) and restores it when a prompt that shares its prefix comes back, so a
 conversation that lost its slot to another one does not re-evaluate its whole prompt.  The
-cache grows on demand up to its limit; the limit is what the placement counts, as host
-memory beside the runner's own.
+cache grows on demand up to its limit.  Placement books what it holds, not its limit, and
+:func:`grants` shares the host memory nobody booked among the caches, so that together they
+never grow past it: a model placed later takes that room, and the caches' grants shrink.
 
 The limit, in this order: the model's ``prompt_cache`` in the config file, then
 ``OLLAMATRIO_PROMPT_CACHE``, then :data:`STATES` full slot states (the KV cache of one slot
@@ -16,6 +17,7 @@ keep no prompt between requests.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 MiB: Final = 1 << 20
@@ -45,3 +47,23 @@ def prompt_cache_bytes(
         return server_mib * MiB
     auto = min(STATES * kv_per_slot, int(max(0, free_ram) * FREE_RAM_SHARE))
     return auto // MiB * MiB
+
+
+def grants(caches: Sequence[tuple[int, int]], spare: int) -> list[int]:
+    """What each cache may hold from now on, for ``caches`` given as (limit, held) bytes and
+    ``spare`` bytes of host memory that no model and no cache has booked.
+
+    Each keeps what it holds and may grow by a share of ``spare``, never past its limit;
+    the share of one that needs less goes to the others (the smallest needs are served
+    first).  So the caches' growth together never exceeds ``spare``.  A cache may hold more
+    than its grant (the grant then shrinks it); its held bytes are already booked.
+    """
+    spare = max(0, spare)
+    result = [0] * len(caches)
+    order = sorted(range(len(caches)), key=lambda i: caches[i][0] - caches[i][1])
+    for left, index in enumerate(order):
+        limit, held = caches[index]
+        growth = min(max(0, limit - held), spare // (len(order) - left))
+        spare -= growth
+        result[index] = min(limit, held + growth)
+    return result

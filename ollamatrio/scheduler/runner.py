@@ -13,7 +13,7 @@ import enum
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -57,7 +57,8 @@ class RunnerInfo:
     pid: int | None
     threads: int = 0  # CPU threads it may use now (scheduler/cores.py; 0: unknown)
     pinned: bool = False  # never evicted, never expires (model_config.py)
-    prompt_cache: int = 0  # bytes: the host prompt cache's limit, counted in ``size``
+    prompt_cache: int = 0  # bytes the host prompt cache holds now, beside ``size``
+    prompt_cache_limit: int = 0  # bytes it may grow to (llama.cpp's cache_ram_mib)
 
 
 class Runner:
@@ -98,8 +99,10 @@ class Runner:
         self.evicting = False
         self.evicted_at = math.inf
         self.idle_deadline = math.inf
-        # Predicted until loaded, then what the runner measured.
+        # The model with its context: predicted until loaded, then what the runner measured.
         self.memory = MemoryUsage(total=placement.total, vram_by_gpu=dict(placement.vram_by_gpu))
+        # Host memory its prompt cache holds beside that, as last measured (book_prompt_cache).
+        self.prompt_cache_held = 0
         self.context_length = load.num_ctx
         self.loaded = trio.Event()  # set once: ready or failed
         self.stopped = False  # its process has exited (it may still wait for its VRAM)
@@ -145,10 +148,9 @@ class Runner:
 
     def mark_ready(self, engine: Engine) -> None:
         self.engine = engine
-        # The runner measured itself with its prompt cache still empty; the cache grows to
-        # its limit on demand, so the limit stays counted as host memory.
-        measured = engine.memory
-        self.memory = replace(measured, total=measured.total + self.placement.prompt_cache)
+        # The runner measured itself with its prompt cache still empty; what the cache holds
+        # is booked apart, as it grows (book_prompt_cache).
+        self.memory = engine.memory
         self.context_length = engine.context_length
         self.state = RunnerState.READY
         self.last_used = trio.current_time()
@@ -156,6 +158,12 @@ class Runner:
             self.idle_deadline = trio.current_time() + self.keep_alive
         self.loaded.set()
         self._notify()
+
+    def book_prompt_cache(self) -> None:
+        """Read what its prompt cache holds now (the placement pass books it as host
+        memory beside the model)."""
+        if self.engine is not None and self.state is RunnerState.READY:
+            self.prompt_cache_held = self.engine.prompt_cache_held()
 
     def mark_failed(self, error: BaseException) -> None:
         if self.error is None:
@@ -283,5 +291,6 @@ class Runner:
             pid=self.engine.pid if self.engine is not None else None,
             threads=self.engine.threads if self.engine is not None else 0,
             pinned=self.pinned,
-            prompt_cache=self.placement.prompt_cache,
+            prompt_cache=self.prompt_cache_held,
+            prompt_cache_limit=self.placement.prompt_cache,
         )

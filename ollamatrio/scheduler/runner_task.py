@@ -157,6 +157,7 @@ class RunnerTasks:
                     phases = load_phases(engine, seconds)
                     log.info("loaded %s in %.2fs%s", runner.name, seconds, describe(phases))
                     self._publish("loaded", runner, seconds=seconds, phases=phases or None)
+                    self._wake()  # its prompt cache gets its grant
                     await runner.serve_until_expired()
                     if not runner.evicting:
                         self._publish("expired", runner)

@@ -57,6 +57,7 @@ from .events import EventHub, EventKind, EvictReason, SchedulerEvent
 from .options import LoadOptions, default_context_length, resolve_load_options
 from .placement import Placement
 from .policy import Fail, Load, compatible, decide, free_room, retry_after_oom
+from .prompt_cache import grants
 from .runner import Runner, RunnerInfo, RunnerState
 from .runner_task import RunnerTasks
 
@@ -178,6 +179,8 @@ class Scheduler:
         pending: dict[str, int] = {}
         for p in self._pending:
             pending[p.request.key] = pending.get(p.request.key, 0) + 1
+        for runner in self._runners.values():
+            runner.book_prompt_cache()  # what each cache holds now
         infos = [r.info(pending.get(key, 0)) for key, r in self._runners.items() if not r.stopped]
         return sorted(
             infos, key=lambda i: math.inf if i.expires_at is None else i.expires_at, reverse=True
@@ -394,20 +397,48 @@ class Scheduler:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
-            if not self._pending:
+            # Woken for a request, or a runner that became ready or went away: either way
+            # the room left for prompt caches changed.
+            if not self._pending and not self._has_prompt_caches():
                 continue
             inventory = await self._devices.inventory()
-            self._place_pending(inventory)
+            for runner in self._runners.values():
+                runner.book_prompt_cache()
+            reserved: list[Placement] = []
+            if self._pending:
+                reserved = self._place_pending(inventory)
+            self._grant_prompt_caches(inventory, reserved)
 
-    def _place_pending(self, inventory: Inventory) -> None:
-        """One synchronous pass over the waiting requests, in arrival order."""
+    def _has_prompt_caches(self) -> bool:
+        return any(r.placement.prompt_cache > 0 for r in self._runners.values())
+
+    def _grant_prompt_caches(self, inventory: Inventory, reserved: list[Placement]) -> None:
+        """Share the host memory nobody booked (the loads this pass started and the room
+        promised to requests waiting for evictions count as booked) among the ready
+        runners' prompt caches: they give way to the models before any is evicted."""
+        caching = [
+            r
+            for r in self._runners.values()
+            if r.state is RunnerState.READY and r.engine is not None and r.placement.prompt_cache
+        ]
+        if not caching:
+            return
+        _, spare = free_room(self._runners.values(), inventory, set(), reserved, self.calibration)
+        limits = [(r.placement.prompt_cache, r.prompt_cache_held) for r in caching]
+        for runner, nbytes in zip(caching, grants(limits, spare), strict=True):
+            assert runner.engine is not None
+            runner.engine.grant_prompt_cache(nbytes)
+
+    def _place_pending(self, inventory: Inventory) -> list[Placement]:
+        """One synchronous pass over the waiting requests, in arrival order; returns the
+        room promised to those that wait for evictions."""
         started = time.perf_counter()
         try:
-            self._place_pending_pass(inventory)
+            return self._place_pending_pass(inventory)
         finally:
             self.pass_seconds.append(time.perf_counter() - started)
 
-    def _place_pending_pass(self, inventory: Inventory) -> None:
+    def _place_pending_pass(self, inventory: Inventory) -> list[Placement]:
         reserved: list[Placement] = []  # promised to the request that waits for evictions
         eviction_in_progress = False
         waiting_keys: set[str] = set()  # decided "wait" in this pass: same answer for the rest
@@ -457,6 +488,7 @@ class Scheduler:
                         self._evict(victim, decision.reason)
                     reserved.append(decision.reserve or Placement(gpu_ids=(), num_gpu=0))
         self._pending = remaining
+        return reserved
 
     # -- shutdown -----------------------------------------------------------------------
 

@@ -119,7 +119,8 @@ class OllamaApi:
                         # CPU threads it may use now: the cores divided among the
                         # runners that generate (docs/scheduling.md).
                         "threads": info.threads,
-                        # Host RAM the runner's prompt cache may fill (bytes; docs/api.md).
+                        # Host RAM the runner's prompt cache holds now, beside ``size``
+                        # (bytes; docs/api.md).
                         "prompt_cache": info.prompt_cache,
                     }
                     for info in self.ctx.scheduler.ps()
