@@ -31,7 +31,7 @@ from .http.front import serve_http
 from .log import configure_logging
 from .model_config import ConfigError, ModelConfig, load_model_config
 from .runner.folders import remove_stale_runner_folders
-from .scheduler import Scheduler, open_scheduler
+from .scheduler import Scheduler, default_cpu_elsewhere, open_scheduler
 from .store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -220,10 +220,12 @@ async def _serve(
             await shutdown_trigger()
         stopping.set()
 
+    elsewhere = None  # the cores other processes keep busy, read beside real runners only
     if engines is None:
         engines = default_engine_factory(settings, devices or device_source(settings))
+        elsewhere = default_cpu_elsewhere(settings)
     async with open_scheduler(
-        settings, engines=engines, devices=devices, models=model_config
+        settings, engines=engines, devices=devices, models=model_config, cpu_elsewhere=elsewhere
     ) as scheduler:
         # Quart and the dialects are imported when a request first needs them.
         app = LazyApp(scheduler, store, settings)

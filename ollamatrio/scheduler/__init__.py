@@ -11,6 +11,7 @@ from .admission import Lease as Lease
 from .admission import ModelRequest as ModelRequest
 from .runner import RunnerInfo as RunnerInfo
 from .scheduler import Scheduler as Scheduler
+from .scheduler import default_cpu_elsewhere as default_cpu_elsewhere
 from .scheduler import open_scheduler as open_scheduler
 
 __all__ = ["Lease", "ModelRequest", "RunnerInfo", "Scheduler", "open_scheduler"]

@@ -4,8 +4,9 @@ they start, generate, idle and stop.
 It wakes on every change the scheduler signals (a lease taken or given back, a runner
 ready or gone), divides, and tells each runner whose share changed (``Engine.use_threads``:
 a line on the runner's stdin, acted on from its next token).  While a runner generates it
-also reads, once a second, how many cores other processes keep busy
-(``devices/cpu_load.py``) and divides what is left.  A change is logged.
+also reads how many cores other processes keep busy (``devices/cpu_load.py``), a quarter
+of a second after it starts and then once a second, and divides what is left.  A change is
+logged.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .runner import Runner, RunnerState
 log = logging.getLogger(__name__)
 
 READ_EVERY = 1.0  # seconds between two readings of the cores busy elsewhere
+FIRST_READ = 0.25  # seconds to the first one once a runner starts generating
 
 
 class CoreShare:
@@ -37,6 +39,7 @@ class CoreShare:
         self.busy_elsewhere = 0  # of them, kept busy by other processes (rounded)
         self._runners = runners
         self._elsewhere = elsewhere
+        self._measured = False  # a reading of this stretch of generation measured something
         self._changed = trio.Event()
 
     def changed(self) -> None:
@@ -46,24 +49,32 @@ class CoreShare:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+        reading = False  # a first reading is taken: the next one measures from it
         while True:
             changed = self._changed
             generating = await self._divide()
             if generating and self._elsewhere is not None:
-                with trio.move_on_after(READ_EVERY):
+                if not reading:
+                    # At once, and the first measure soon: a runner that started beside a
+                    # busy process is slowed until the division leaves that core alone.
+                    self._read_elsewhere()
+                    reading = True
+                with trio.move_on_after(READ_EVERY if self._measured else FIRST_READ):
                     await changed.wait()
                 self._read_elsewhere()
             else:
                 if self._elsewhere is not None:
                     self._elsewhere.forget()  # idle time says nothing about the next run
+                    reading, self._measured = False, False
                 await changed.wait()
 
     def _read_elsewhere(self) -> None:
         assert self._elsewhere is not None
         pids = [r.engine.pid for r in self._runners() if r.engine is not None and r.engine.pid]
-        busy = self._elsewhere.since_last(pids, at_least=READ_EVERY * 0.9)
+        busy = self._elsewhere.since_last(pids, at_least=FIRST_READ * 0.8)
         if busy is None:
             return
+        self._measured = True
         rounded = min(self.cores - 1, math.floor(busy + 0.5))
         if rounded != self.busy_elsewhere:
             log.info("cores busy elsewhere: %d of %d (%.2f measured)", rounded, self.cores, busy)

@@ -498,6 +498,12 @@ class Scheduler:
             self._pending.popleft().fail(SchedulerClosedError("scheduler is shutting down"))
 
 
+def default_cpu_elsewhere(settings: Settings) -> CpuElsewhere | None:
+    """The reader of the cores other processes keep busy, for the runner processes the
+    settings' engine starts (simulated runners use no cores to share)."""
+    return CpuElsewhere(settings.cores or usable_cores()) if settings.engine == "process" else None
+
+
 @asynccontextmanager
 async def open_scheduler(
     settings: Settings | None = None,
@@ -518,8 +524,8 @@ async def open_scheduler(
         from ..engines import default_engine_factory
 
         engines = default_engine_factory(settings, devices)
-        if cpu_elsewhere is None and settings.engine == "process":
-            cpu_elsewhere = CpuElsewhere(settings.cores or usable_cores())
+        if cpu_elsewhere is None:
+            cpu_elsewhere = default_cpu_elsewhere(settings)
     async with trio.open_nursery() as nursery:
         sched = Scheduler(settings, engines, devices, nursery, models, cpu_elsewhere=cpu_elsewhere)
         await sched._freeze_limits()
