@@ -300,15 +300,17 @@ class Bench:
 
 
 async def bench_ollamatrio(args: argparse.Namespace, files: dict[str, Path], tmp: Path) -> Results:
-    results = Results("ollamatrio")
+    results = Results(f"ollamatrio ({args.code.name})" if args.code else "ollamatrio")
     store = ModelStore(tmp / "models")
     for name, path in files.items():
         for _ in import_gguf(store, name, path):
             pass
     env = {**SERVER_ENV, "OLLAMATRIO_DATA": str(tmp / "data")}
     async with trio.open_nursery() as nursery:
-        # One slot per runner (OLLAMA_NUM_PARALLEL), this checkout's code, no profiler.
-        port, _, _ = await nursery.start(start_server, nursery, store, 1, None, None, env)
+        # One slot per runner (OLLAMA_NUM_PARALLEL), this checkout's code (or --code's), no
+        # profiler.
+        code = str(args.code.resolve()) if args.code else None
+        port, _, _ = await nursery.start(start_server, nursery, store, 1, code, None, env)
         await Bench(f"http://127.0.0.1:{port}", args, results).run()
         nursery.cancel_scope.cancel()
     return results
@@ -449,4 +451,8 @@ if __name__ == "__main__":
         help="afterwards, run the same rounds on the reference Ollama (../shared/ollama)",
     )  # fmt: skip
     parser.add_argument("--ollama-tarball", type=Path, help="the reference Ollama's tarball")
+    parser.add_argument(
+        "--code", type=Path,
+        help="serve from another checkout of ollamatrio (the tree before a change, for A/B)",
+    )  # fmt: skip
     trio.run(main, parser.parse_args())
