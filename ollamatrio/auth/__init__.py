@@ -1,0 +1,1 @@
+"""Who is asking: API keys, their scopes and limits (docs/security.md)."""
