@@ -28,6 +28,7 @@ DEFAULT_LOAD_TIMEOUT = 300.0
 DEFAULT_STALL_TIMEOUT = 300.0
 DEFAULT_BODY_TIMEOUT = 30.0
 ENGINES = ("process", "simulated")
+AUTH_MODES = ("off", "required")  # OLLAMATRIO_AUTH
 
 # Ollama always allows these origins, after the ones from OLLAMA_ORIGINS.
 _DEFAULT_ORIGIN_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0")
@@ -114,6 +115,9 @@ class Settings:
     # OLLAMATRIO_CORES: the CPU cores the scheduler divides among the runners that are
     # generating (scheduler/core_share.py); 0 = the physical cores this process may use.
     cores: int = 0
+    # OLLAMATRIO_AUTH: "required" asks every request but the liveness routes for an API key
+    # (auth/keys.py, api/auth_gate.py); "off" serves anyone who reaches the port.
+    auth: str = "off"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -137,6 +141,12 @@ class Settings:
         else:
             models_dir = _default_models_dir()
         config = _var(env, "OLLAMATRIO_CONFIG")
+        auth = _var(env, "OLLAMATRIO_AUTH").lower() or "off"
+        if auth not in AUTH_MODES:
+            raise ValueError(
+                f"OLLAMATRIO_AUTH must be one of {', '.join(AUTH_MODES)}, "
+                f"not {env['OLLAMATRIO_AUTH']!r}"
+            )
         max_connections = _var(env, "OLLAMATRIO_MAX_CONNECTIONS")
         if max_connections and not _UINT.fullmatch(max_connections):
             raise ValueError(
@@ -188,6 +198,7 @@ class Settings:
             ),
             prompt_cache_mib=_env_uint(env, "OLLAMATRIO_PROMPT_CACHE", -1),
             cores=_env_uint(env, "OLLAMATRIO_CORES", 0),
+            auth=auth,
         )
 
     @property

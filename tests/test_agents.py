@@ -14,6 +14,7 @@ import httpx
 import pytest
 import trio
 
+from ollamatrio.auth.keys import KeyStore
 from ollamatrio.engines.process import ProcessEngineFactory
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]
@@ -39,10 +40,10 @@ CLAUDE, needs_claude = agent("OLLAMATRIO_CLAUDE", "claude", "Claude Code")
 CODEX, needs_codex = agent("OLLAMATRIO_CODEX", "codex", "Codex CLI")
 
 
-async def create_tools_model(url: str, name: str) -> None:
+async def create_tools_model(url: str, name: str, headers: dict[str, str] | None = None) -> None:
     """SmolLM2 with a template that offers tools, and a context that holds an agent's
     prompt."""
-    async with httpx.AsyncClient(base_url=url) as c:
+    async with httpx.AsyncClient(base_url=url, headers=headers) as c:
         created = await c.post("/api/create", json={
             "model": name, "from": "smol", "template": TOOLS_TEMPLATE,
             "stream": False, "parameters": {"num_ctx": 8192},
@@ -87,3 +88,43 @@ async def test_codex_one_shot_prompt(api_server, smollm2_path: Path, tmp_path: P
             )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr).decode()
     assert result.stdout.decode().strip()  # the model's answer (Codex logs to stderr)
+
+
+# Codex's own provider for a server that asks for keys (docs/api.md, "Keys"): --oss sends none.
+CODEX_CONFIG = """\
+model = "smol-tools:latest"
+model_provider = "ollamatrio"
+
+[model_providers.ollamatrio]
+name = "ollamatrio"
+base_url = "{url}/v1"
+env_key = "OLLAMATRIO_API_KEY"
+wire_api = "responses"
+"""
+
+
+@needs_codex
+async def test_codex_with_a_key_through_its_own_provider(
+    api_server, smollm2_path: Path, tmp_path: Path
+) -> None:
+    store = KeyStore.in_folder(tmp_path / "state")
+    _, admin = store.create("setup", ["admin"])
+    _, secret = store.create("codex", ["inference"])
+    with trio.fail_after(600):
+        async with api_server(
+            engines=ProcessEngineFactory(load_timeout=120), models={"smol": smollm2_path},
+            auth="required", data_dir=tmp_path / "state",
+        ) as srv:  # fmt: skip
+            bearer = {"Authorization": f"Bearer {admin}"}
+            await create_tools_model(srv.url, "smol-tools:latest", bearer)
+            (tmp_path / ".codex").mkdir()
+            (tmp_path / ".codex" / "config.toml").write_text(CODEX_CONFIG.format(url=srv.url))
+            env = {**os.environ, "HOME": str(tmp_path), "OLLAMATRIO_API_KEY": secret}
+            env.pop("CODEX_HOME", None)
+            command = [CODEX, "exec", "--skip-git-repo-check", "Say hello."]
+            result = await trio.run_process(
+                command, env=env, cwd=tmp_path, capture_stdout=True, capture_stderr=True,
+                check=False,
+            )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr).decode()
+    assert result.stdout.decode().strip()

@@ -8,7 +8,9 @@ ASGI app and applies each concern that holds for every request, in this order, o
 
 1. **Admission** (:meth:`Chain.refusal`): CORS (a disallowed origin 403, an allowed preflight
    204 with ``Allow``), then the DNS-rebinding guard (a foreign ``Host`` on a loopback server
-   403).  Authentication and quotas belong here, as further steps of the same method.
+   403), then, when ``OLLAMATRIO_AUTH=required``, the API key (:mod:`.auth_gate`: 401 without
+   a known key, 403 without the route's scope, in the route's dialect).  Quotas belong here,
+   as further steps of the same method.
 2. **The drain**: the request runs inside the shutdown guard (:class:`..http.drain.Drain`), so
    a request still running when the grace period ends is cut and told why.
 3. **The error shape**: an error that reaches the chain before an answer began is answered in
@@ -39,8 +41,10 @@ from ..http.host_guard import allowed_host, is_loopback_bind
 from .table import Route, route_for, routes_of
 
 if TYPE_CHECKING:
+    from ..auth.keys import ApiKey
     from ..config import Settings
     from ..observability.metrics import ServerMetrics
+    from .auth_gate import KeyGate
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,8 @@ ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 STATE = "ollamatrio.request"  # the scope key of a request's RequestState
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
 OTHER_ENDPOINT = "other"  # the metrics label of a path no route has
+
+Headers = list[tuple[bytes, bytes]]
 
 # Gin lists a path's methods in the order the server first registered each method.
 _METHOD_ORDER = ("HEAD", "GET", "POST", "DELETE")
@@ -65,6 +71,9 @@ class RequestState:
     client_left: bool = False  # before the answer: the client closed (or half-closed)
     # How a stream that has begun ends when cut short (its encoder's error line or event).
     last_words: Callable[[str, int], bytes] | None = None
+    key: ApiKey | None = None  # the API key it came with, once authenticated
+    # Whom it is served for: the key's name once authenticated, else the client's address.
+    principal: str = ""
 
 
 def request_state(scope: dict[str, Any]) -> RequestState:
@@ -97,6 +106,13 @@ class Chain:
         self._metrics = metrics
         self._origins = OriginPolicy.from_origins(settings.origins)
         self._guard_hosts = is_loopback_bind(settings.host)
+        self._gate: KeyGate | None = None
+        if settings.auth == "required":
+            # Imported here: a server that asks for no key never loads the key table (SQLite).
+            from ..auth.keys import KeyStore
+            from .auth_gate import KeyGate
+
+            self._gate = KeyGate(KeyStore.in_folder(settings.state_dir))
 
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] != "http":
@@ -104,7 +120,8 @@ class Chain:
             return
         method: str = scope["method"]
         path: str = scope["path"]
-        state = RequestState(route_for(method, path))
+        client = scope.get("client")
+        state = RequestState(route_for(method, path), principal=client[0] if client else "")
         scope[STATE] = state
         arrived = trio.current_time()
         origin = host = None
@@ -133,9 +150,9 @@ class Chain:
             return message
 
         try:
-            refused = self.refusal(method, path, host or "", cors.status)
+            refused = await self.refusal(scope, state, host or "", cors.status)
             if refused is not None:
-                await _answer_empty(chained_send, *refused)
+                await _answer(chained_send, *refused)
                 return
             with self.drain.guard():
                 await self.app(scope, chained_receive, chained_send)
@@ -144,10 +161,13 @@ class Chain:
         finally:
             self._done(scope, state, arrived)
 
-    def refusal(
-        self, method: str, path: str, host: str, cors_status: int | None
-    ) -> tuple[int, list[tuple[bytes, bytes]]] | None:
-        """The answer (status, headers) that ends a request before its route, or None."""
+    async def refusal(
+        self, scope: dict[str, Any], state: RequestState, host: str, cors_status: int | None
+    ) -> tuple[int, Headers, bytes] | None:
+        """The answer (status, headers, body) that ends a request before its route, or None.
+        Authenticating sets the state's ``key`` and ``principal``."""
+        method: str = scope["method"]
+        path: str = scope["path"]
         # CORS first, as Ollama: a disallowed origin gets 403, an allowed preflight 204.
         status = cors_status
         if status is None and self._guard_hosts and not allowed_host(host):
@@ -155,12 +175,22 @@ class Chain:
         if status is None and method == "OPTIONS":
             status = 204
         if status is None:
-            return None
-        headers: list[tuple[bytes, bytes]] = []
+            return await self._authentication(scope, state) if self._gate else None
+        # As Ollama's c.Status: no body and no Content-Type.
+        headers: Headers = [(b"content-length", b"0")]
         if method == "OPTIONS" and (allow := allow_header(path)):
             # Gin answers a preflight from its method-not-allowed path: Allow comes along.
             headers.append((b"allow", allow.encode()))
-        return status, headers
+        return status, headers, b""
+
+    async def _authentication(
+        self, scope: dict[str, Any], state: RequestState
+    ) -> tuple[int, Headers, bytes] | None:
+        assert self._gate is not None
+        key, refused = await self._gate.admit(state.route, scope["path"], scope["headers"])
+        if key is not None:
+            state.key, state.principal = key, key.name
+        return refused
 
     async def _failed(
         self, scope: dict[str, Any], state: RequestState, exc: Exception, send: ASGISend
@@ -198,10 +228,6 @@ class Chain:
         )  # fmt: skip
 
 
-async def _answer_empty(send: ASGISend, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-    """No body and, as Ollama's ``c.Status``, no Content-Type."""
-    await send({
-        "type": "http.response.start", "status": status,
-        "headers": [(b"content-length", b"0"), *headers],
-    })  # fmt: skip
-    await send({"type": "http.response.body", "body": b""})
+async def _answer(send: ASGISend, status: int, headers: Headers, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -63,6 +63,11 @@ class Route:
         return self.way in (Way.STREAM, Way.EVENTS)
 
     @property
+    def scope(self) -> Scope:
+        """What an API key must hold to be served this route, when keys are required."""
+        return scope_of(self.path)
+
+    @property
     def endpoint(self) -> str:
         """The label a request of this route is counted under in ``/metrics``."""
         return self.path
@@ -120,6 +125,49 @@ ROUTES: tuple[Route, ...] = (
     _route("/api/blobs/<digest>", "POST", NAT, STREAM),
     _route("/api/blobs/<digest>", "HEAD", NAT),
 )
+
+
+class Scope(StrEnum):
+    """What an API key must hold for a route when ``OLLAMATRIO_AUTH=required`` (docs/api.md,
+    "Keys"); an ``admin`` key holds every scope."""
+
+    OPEN = "open"  # no key asked: clients probe these before anything else
+    INFERENCE = "inference"
+    ADMIN = "admin"
+    METRICS = "metrics"
+
+
+# Every native route's scope, by path (each method of a path asks the same); every /v1
+# route is inference.  A route missing here fails the import (below), so none is forgotten.
+_NATIVE_SCOPES: dict[str, Scope] = {
+    "/": Scope.OPEN,
+    "/api/version": Scope.OPEN,
+    "/api/generate": Scope.INFERENCE,
+    "/api/chat": Scope.INFERENCE,
+    "/api/embed": Scope.INFERENCE,
+    "/api/embeddings": Scope.INFERENCE,
+    "/api/tags": Scope.INFERENCE,
+    "/api/show": Scope.INFERENCE,
+    "/api/ps": Scope.INFERENCE,
+    "/api/events": Scope.INFERENCE,
+    "/api/pull": Scope.ADMIN,
+    "/api/create": Scope.ADMIN,
+    "/api/copy": Scope.ADMIN,
+    "/api/delete": Scope.ADMIN,
+    "/api/blobs/<digest>": Scope.ADMIN,
+    "/metrics": Scope.METRICS,
+}
+
+
+def scope_of(path: str) -> Scope:
+    """The scope of a route's path (its rule, as the table writes it)."""
+    return Scope.INFERENCE if path.startswith("/v1/") else _NATIVE_SCOPES[path]
+
+
+if _unscoped := [
+    r.path for r in ROUTES if not r.path.startswith("/v1/") and r.path not in _NATIVE_SCOPES
+]:
+    raise RuntimeError(f"routes without a scope in api/table.py: {_unscoped}")
 
 # The JSON bodies the front door limits before reading them (to MAX_JSON_BODY): every
 # streamed POST's but a blob upload's.  (Quart's views read theirs with the same limit.)

@@ -17,12 +17,15 @@ import hashlib
 import hmac
 import re
 import secrets
-import sqlite3
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: the command line's parser needs SCOPES, not SQLite
+    import sqlite3
 
 FILE_NAME = "auth.sqlite3"
 SECRET_PREFIX = "otk_"  # what every secret starts with, so a leaked one is recognisable
@@ -95,6 +98,8 @@ class KeyStore:
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
+        import sqlite3
+
         if not self._ready:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with closing(sqlite3.connect(self.path, timeout=30.0)) as db:
@@ -118,6 +123,8 @@ class KeyStore:
         limits = limits or Limits()
         if min(limits.rpm, limits.tpm, limits.concurrency) < 0:
             raise KeyRequestError("limits must be 0 (none) or positive")
+        import sqlite3
+
         while True:
             secret = SECRET_PREFIX + secrets.token_urlsafe(32).replace("-", "x").replace("_", "y")
             prefix = secret[len(SECRET_PREFIX) : len(SECRET_PREFIX) + PREFIX_LENGTH]

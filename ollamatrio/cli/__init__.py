@@ -10,12 +10,12 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ollamatrio.config import Settings, parse_duration
 
-from . import commands
+from . import commands, keys
 from .errors import CLIError
 
 if TYPE_CHECKING:  # the HTTP client (httpx) loads for the client commands only, not serve
@@ -143,6 +143,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 
     p = sub.add_parser("rm", help="Remove a model", aliases=["delete"])
     p.add_argument("models", metavar="MODEL", nargs="+")
+
+    keys.add_parser(sub.add_parser)
     return parser, run_parser
 
 
@@ -178,12 +180,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 0
         try:
-            base_url = Settings.from_env(os.environ).base_url
+            settings = Settings.from_env(os.environ)
         except ValueError as exc:
             raise CLIError(str(exc)) from exc
+        if command == "keys":  # the key table itself, in the server's state folder
+            from ollamatrio.auth.keys import KeyStore
+
+            keys.run(KeyStore.in_folder(settings.state_dir), args)
+            return 0
         from .client import Client
 
-        with Client(base_url) as client:
+        with Client(settings.base_url, api_key=api_key_from(os.environ)) as client:
             if args.version:
                 commands.version(client)
                 return 0
@@ -198,6 +205,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Output went to a pipe that closed (e.g. `| head`): not an error of ours.
         _silence_stdout()
         return 0
+
+
+def api_key_from(env: Mapping[str, str]) -> str | None:
+    """The key the client commands send: OLLAMA_API_KEY, else OLLAMATRIO_API_KEY."""
+    for name in ("OLLAMA_API_KEY", "OLLAMATRIO_API_KEY"):
+        if key := env.get(name, "").strip():
+            return key
+    return None
 
 
 def _silence_stdout() -> None:

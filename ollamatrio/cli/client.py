@@ -37,15 +37,18 @@ def _is_loopback(url: str) -> bool:
 class Client:
     """The server's ``/api`` endpoints over one connection pool."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        # Sent on every request when the server asks for keys (OLLAMATRIO_AUTH=required).
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = self._new_pool()
 
     def _new_pool(self) -> httpx.Client:
         # Like Go's ProxyFromEnvironment, never send loopback traffic through a proxy.
         return httpx.Client(
-            base_url=self.base_url, timeout=_TIMEOUT, trust_env=not _is_loopback(self.base_url)
-        )
+            base_url=self.base_url, timeout=_TIMEOUT, trust_env=not _is_loopback(self.base_url),
+            headers=self._headers,
+        )  # fmt: skip
 
     def reset(self) -> None:
         """Drop every connection (after Ctrl-C interrupted a read mid-way)."""
