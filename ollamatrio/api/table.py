@@ -110,6 +110,7 @@ ROUTES: tuple[Route, ...] = (
     _route("/api/delete", "DELETE", NAT),
     _route("/api/events", "GET", NAT, EVENTS),
     _route("/metrics", "GET", NAT),
+    _route("/api/usage", "GET", NAT),  # each key's usage (api/usage.py)
     _route("/v1/embeddings", "POST", OAI),
     _route("/v1/models", "GET", OAI),
     # Names hold ":" and "/" (namespace/model:tag): the path converter takes both.
