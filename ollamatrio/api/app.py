@@ -12,6 +12,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
+from ..auth.usage import UsageLedger, UsageStore
 from ..config import Settings
 from ..http.drain import Drain
 from ..observability.events import EventsRoute
@@ -29,6 +30,7 @@ from .responses.store import FILE_NAME as RESPONSES_FILE
 from .responses.store import ResponseStore
 from .routes import StreamRoutes
 from .table import ROUTES, BodyLimits, View, Views, Way, views_of
+from .usage import KeyUsageSeries, UsageView, write_usage
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +115,12 @@ def register_views(app: QuartTrio, views: Views) -> None:
 
 
 def create_app(
-    scheduler: Scheduler, store: ModelStore, settings: Settings, drain: Drain | None = None
-) -> QuartTrio:
-    """The app; ``drain`` is the one shutdown cuts (default: a new one, see :func:`drain_of`)."""
+    scheduler: Scheduler, store: ModelStore, settings: Settings, drain: Drain | None = None,
+    usage: UsageLedger | None = None,
+) -> QuartTrio:  # fmt: skip
+    """The app; ``drain`` is the one shutdown cuts (default: a new one, see :func:`drain_of`),
+    ``usage`` the ledger the request chain records each key's usage in (default: a new one;
+    the lazy app passes its own chain's)."""
     # An explicit root: Quart would look it up from the package's __file__, which is None
     # when a folder named ollamatrio/ in the working directory shadows an editable install.
     app = _App("ollamatrio", root_path=str(Path(__file__).resolve().parent), drain=drain)
@@ -131,6 +136,10 @@ def create_app(
         scheduler=scheduler, store=store, settings=settings, metrics=metrics, responses=responses
     )
     app.ctx = ctx
+    ledger = usage if usage is not None else UsageLedger()
+    usage_store = UsageStore.in_folder(settings.state_dir)
+    usage_view = UsageView(ledger, usage_store)
+    metrics.registry.register(KeyUsageSeries(ledger))
     app.extensions["ollamatrio"] = ctx
 
     async def prometheus_metrics() -> Response:
@@ -140,12 +149,15 @@ def create_app(
         **OllamaApi(ctx).views(),
         **OpenAiApi(ctx).views(),
         **ResponsesApi(responses).views(),
-        **views_of(("GET", "/metrics", prometheus_metrics)),
+        **views_of(
+            ("GET", "/metrics", prometheus_metrics), ("GET", "/api/usage", usage_view.usage)
+        ),
     })  # fmt: skip
 
     @app.before_serving
     async def prune_stored_responses() -> None:
         app.nursery.start_soon(prune_forever, responses)
+        app.nursery.start_soon(write_usage, ledger, usage_store)
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
@@ -164,6 +176,6 @@ def create_app(
     # dicts, and mypy refuses assigning to a method at all.
     app.dispatch = Router(app.asgi_app, streams, events)
     app.asgi_app = Chain(  # type: ignore[method-assign,assignment]
-        app.dispatch, settings, app.drain, lambda: metrics
+        app.dispatch, settings, app.drain, lambda: metrics, ledger
     )
     return app

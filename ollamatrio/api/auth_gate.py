@@ -59,7 +59,8 @@ class KeyGate:
     async def admit(
         self, route: Route | None, path: str, headers: Iterable[tuple[bytes, bytes]]
     ) -> tuple[ApiKey | None, Answer | None]:
-        """The request's key (None on an open route or when refused) and the refusal, if any."""
+        """The request's key (None on an open route, or without a known key) and the
+        refusal, if any: a known key without the route's scope comes with its 403."""
         if route is not None and route.scope is Scope.OPEN:
             return None, None
         dialect = dialect_of(path)
@@ -74,7 +75,7 @@ class KeyGate:
             return None, unauthorized(dialect, "invalid API key")
         if route is not None and not holds(key, route.scope):
             log.info("refused %s: key %r lacks the %s scope", path, key.name, route.scope)
-            return None, forbidden(dialect, route.scope)
+            return key, forbidden(dialect, route.scope)
         return key, None
 
 

@@ -9,8 +9,11 @@ ASGI app and applies each concern that holds for every request, in this order, o
 1. **Admission** (:meth:`Chain.refusal`): CORS (a disallowed origin 403, an allowed preflight
    204 with ``Allow``), then the DNS-rebinding guard (a foreign ``Host`` on a loopback server
    403), then, when ``OLLAMATRIO_AUTH=required``, the API key (:mod:`.auth_gate`: 401 without
-   a known key, 403 without the route's scope, in the route's dialect).  Quotas belong here,
-   as further steps of the same method.
+   a known key, 403 without the route's scope, in the route's dialect).  Then the key's
+   **quotas** (:mod:`..auth.quotas`): a key over a limit is answered 429 with
+   ``Retry-After`` in the route's dialect (:mod:`.rate_limited`); an admitted request holds
+   its place in the key's concurrency until its answer ends, and its tokens are charged
+   then.
 2. **The drain**: the request runs inside the shutdown guard (:class:`..http.drain.Drain`), so
    a request still running when the grace period ends is cut and told why.
 3. **The error shape**: an error that reaches the chain before an answer began is answered in
@@ -18,7 +21,9 @@ ASGI app and applies each concern that holds for every request, in this order, o
    encoder's last line instead (:attr:`RequestState.last_words`).
 4. **The access line and the request metrics**, once the answer is complete (as Ollama's
    access log, with the duration), so they cost nothing before the first token; a client that
-   left before any answer is logged and counted as 499, as nginx does.
+   left before any answer is logged and counted as 499, as nginx does.  The key's usage
+   (:mod:`..auth.usage`) is recorded then too: the tokens the route reported in
+   :class:`RequestState`, or the cause of its refusal.
 
 The route that serves a request sees the chain's record of it, :class:`RequestState`, in its
 scope (:func:`request_state`): a stream says there how it would end if cut short.
@@ -33,12 +38,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..auth.keys import ApiKey
+from ..auth.quotas import Admission, OverLimit, Quotas
+from ..auth.usage import FORBIDDEN, NO_KEY, RATE_LIMITED, UNAUTHORIZED, RequestUsage, UsageLedger
 from ..errors import OllamatrioError, ServerShuttingDownError
 from ..http.asgi import ANSWERED
 from ..http.cors import OriginPolicy, cors_answer
 from ..http.drain import Drain
 from ..http.host_guard import allowed_host, is_loopback_bind
-from .table import Route, route_for, routes_of
+from .table import Route, Way, route_for, routes_of
 
 if TYPE_CHECKING:
     from ..auth.keys import ApiKey
@@ -71,14 +79,37 @@ class RequestState:
     client_left: bool = False  # before the answer: the client closed (or half-closed)
     # How a stream that has begun ends when cut short (its encoder's error line or event).
     last_words: Callable[[str, int], bytes] | None = None
-    key: ApiKey | None = None  # the API key it came with, once authenticated
-    # Whom it is served for: the key's name once authenticated, else the client's address.
-    principal: str = ""
+    key: ApiKey | None = None  # the authenticated key; None when authentication is off
+    principal: str = ""  # the key's name, or the client's address when authentication is off
+    refused: str | None = None  # why the chain refused it (auth.usage.REFUSAL_CAUSES)
+    # The tokens it used, as its final chunk counted them (reported by the route).
+    prompt_tokens: int = 0  # evaluated
+    prompt_tokens_reused: int = 0
+    generated_tokens: int = 0
+
+    def tokens_used(self, prompt: int, reused: int = 0, generated: int = 0) -> None:
+        """The route's report of a generation's or an embedding's counts (``prompt``
+        evaluated, ``reused`` from a cache)."""
+        self.prompt_tokens += prompt
+        self.prompt_tokens_reused += reused
+        self.generated_tokens += generated
+
+    def usage(self) -> RequestUsage:
+        return RequestUsage(
+            self.prompt_tokens, self.prompt_tokens_reused, self.generated_tokens, self.refused
+        )
 
 
 def request_state(scope: dict[str, Any]) -> RequestState:
     """The chain's record of the request in ``scope``."""
     state: RequestState = scope[STATE]
+    return state
+
+
+def chained_state(scope: Any) -> RequestState | None:
+    """The chain's record of the request in ``scope``, or None where no chain runs (an app
+    driven without it)."""
+    state: RequestState | None = scope.get(STATE)
     return state
 
 
@@ -95,15 +126,18 @@ def allow_header(path: str) -> str:
 
 class Chain:
     """ASGI: the cross-cutting concerns around ``app``.  ``metrics`` gives the request
-    metrics, or None while they do not exist yet (before the lazy app is built)."""
+    metrics, or None while they do not exist yet (before the lazy app is built); ``usage``
+    is where each key's usage is recorded (the app writes and shows it)."""
 
     def __init__(
         self, app: ASGIApp, settings: Settings, drain: Drain,
-        metrics: Callable[[], ServerMetrics | None],
+        metrics: Callable[[], ServerMetrics | None], usage: UsageLedger | None = None,
     ) -> None:  # fmt: skip
         self.app = app
         self.drain = drain
         self._metrics = metrics
+        self.quotas = Quotas()
+        self.usage = usage if usage is not None else UsageLedger()
         self._origins = OriginPolicy.from_origins(settings.origins)
         self._guard_hosts = is_loopback_bind(settings.host)
         self._gate: KeyGate | None = None
@@ -154,12 +188,33 @@ class Chain:
             if refused is not None:
                 await _answer(chained_send, *refused)
                 return
-            with self.drain.guard():
-                await self.app(scope, chained_receive, chained_send)
+            admitted = self.admit(state)
+            if isinstance(admitted, OverLimit):
+                state.refused = f"{RATE_LIMITED}_{admitted.limit}"
+                await _answer_rate_limited(chained_send, path, admitted)
+                return
+            try:
+                with self.drain.guard():
+                    await self.app(scope, chained_receive, chained_send)
+            finally:
+                if admitted is not None:  # also when cancelled: synchronous, no checkpoint
+                    admitted.done(state.usage().tokens)
         except Exception as exc:  # trio.Cancelled is a BaseException: it passes
             await self._failed(scope, state, exc, chained_send)
         finally:
             self._done(scope, state, arrived)
+
+    def admit(self, state: RequestState) -> Admission | OverLimit | None:
+        """The request's place in its key's quotas, or why it has none; None when there is
+        nothing to limit (no key, no limits, a liveness route: those stay open)."""
+        key = state.key
+        route = state.route
+        if key is None or route is None or route.way is Way.LIVENESS:
+            return None
+        limits = key.limits
+        if not (limits.rpm or limits.tpm or limits.concurrency):
+            return None
+        return self.quotas.admit(key.name, limits)
 
     async def refusal(
         self, scope: dict[str, Any], state: RequestState, host: str, cors_status: int | None
@@ -190,6 +245,8 @@ class Chain:
         key, refused = await self._gate.admit(state.route, scope["path"], scope["headers"])
         if key is not None:
             state.key, state.principal = key, key.name
+        if refused is not None:  # counted in the key's usage (or under no key)
+            state.refused = FORBIDDEN if key is not None else UNAUTHORIZED
         return refused
 
     async def _failed(
@@ -215,6 +272,7 @@ class Chain:
             await send({"type": "http.response.body", "body": body, "more_body": False})
 
     def _done(self, scope: dict[str, Any], state: RequestState, arrived: float) -> None:
+        self._record_usage(state)
         status = state.status or (CLIENT_CLOSED if state.client_left else None)
         if status is None:
             return  # the transport answered (and logged) it itself
@@ -226,6 +284,24 @@ class Chain:
             "%s %s %d %.3fs", scope["method"], scope["path"], status,
             trio.current_time() - arrived, extra={"client": (scope.get("client") or ("",))[0]},
         )  # fmt: skip
+
+    def _record_usage(self, state: RequestState) -> None:
+        """The key's usage: only keys are counted (bounded: the keys that exist), so
+        without authentication nothing is; a request refused as unauthorized (which
+        authentication marks in :attr:`RequestState.refused`) counts under
+        :data:`~..auth.usage.NO_KEY`."""
+        if state.key is not None:
+            self.usage.record(state.key.name, state.usage())
+        elif state.refused == UNAUTHORIZED:
+            self.usage.record(NO_KEY, RequestUsage(refused=UNAUTHORIZED))
+
+
+async def _answer_rate_limited(send: ASGISend, path: str, over: OverLimit) -> None:
+    # Imported here, as in Chain._failed: the chain itself imports no framework.
+    from .answers import send_response
+    from .rate_limited import rate_limited_response
+
+    await send_response(send, rate_limited_response(path, over))
 
 
 async def _answer(send: ASGISend, status: int, headers: Headers, body: bytes) -> None:

@@ -81,7 +81,9 @@ class LazyApp:
             module = sys.modules.get(_APP_MODULE)
             if module is None:
                 module = await trio.to_thread.run_sync(importlib.import_module, _APP_MODULE)
-            app = module.create_app(self._scheduler, self._store, self._settings, self.drain)
+            app = module.create_app(
+                self._scheduler, self._store, self._settings, self.drain, self._chain.usage
+            )
             if self._nursery is not None:
                 await self._start_lifespan(app)
             self._app = app

@@ -21,6 +21,7 @@ from ..gguf import GGUFInfo
 from ..scheduler import ModelRequest
 from ..store import Model
 from .bodies import merge_options
+from .chain import RequestState
 from .models import ApiContext, capabilities, require, require_for_runner, require_loadable
 
 
@@ -101,8 +102,9 @@ class Embedded:
     total_duration: float  # seconds
 
 
-async def embed(ctx: ApiContext, req: EmbedRequest) -> Embedded:
-    """Embed ``req.inputs``; no inputs only loads the model."""
+async def embed(ctx: ApiContext, req: EmbedRequest, state: RequestState | None = None) -> Embedded:
+    """Embed ``req.inputs``; no inputs only loads the model.  The tokens are counted in
+    the metrics, and in ``state`` (the request chain's record: the key's usage)."""
     started = trio.current_time()
     refuse_when_queue_full(ctx)
     model = await ctx.resolve(req.model, scheduled=True)
@@ -124,6 +126,8 @@ async def embed(ctx: ApiContext, req: EmbedRequest) -> Embedded:
         )
     if metrics is not None:
         metrics.tokens_counted(lease.runner.name, result.prompt_eval_count)
+    if state is not None:
+        state.tokens_used(result.prompt_eval_count)
     return Embedded(
         result.vectors,
         result.prompt_eval_count,

@@ -165,9 +165,16 @@ class _StreamedRequest:
                     failure = exc  # raised to the chain below, not in an exception group
                 nursery.cancel_scope.cancel()
         finally:
-            metrics = self.ctx.metrics
-            if metrics is not None and self.generation is not None:
-                metrics.generation_done(self.generation)
+            generation = self.generation
+            if generation is not None:
+                if generation.final is not None:  # every dialect's generations end here
+                    final = generation.final
+                    cached = final.prompt_cached_count
+                    self.state.tokens_used(
+                        final.prompt_eval_count - cached, cached, final.eval_count
+                    )
+                if self.ctx.metrics is not None:
+                    self.ctx.metrics.generation_done(generation)
         if failure is not None:
             raise failure
 

@@ -115,6 +115,7 @@ ROUTES: tuple[Route, ...] = (
     _route("/api/delete", "DELETE", NAT),
     _route("/api/events", "GET", NAT, EVENTS),
     _route("/metrics", "GET", NAT),
+    _route("/api/usage", "GET", NAT),  # each key's usage (api/usage.py)
     _route("/v1/embeddings", "POST", OAI),
     _route("/v1/models", "GET", OAI),
     # Names hold ":" and "/" (namespace/model:tag): the path converter takes both.
@@ -149,6 +150,7 @@ _NATIVE_SCOPES: dict[str, Scope] = {
     "/api/tags": Scope.INFERENCE,
     "/api/show": Scope.INFERENCE,
     "/api/ps": Scope.INFERENCE,
+    "/api/usage": Scope.ADMIN,
     "/api/events": Scope.INFERENCE,
     "/api/pull": Scope.ADMIN,
     "/api/create": Scope.ADMIN,

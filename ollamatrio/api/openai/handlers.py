@@ -18,6 +18,7 @@ from ...wire import SSE, SSE_DONE
 from .. import pipeline
 from ..answers import v1_json_response
 from ..bodies import read_json
+from ..chain import chained_state
 from ..models import ApiContext
 from ..plan import Plan, plan_generation
 from ..table import Views, views_of
@@ -42,7 +43,7 @@ class OpenAiApi:
 
     async def embeddings(self) -> Response:
         req = wire.embedding_request(await read_json(request.body))
-        done = await pipeline.embed(self.ctx, req.core)
+        done = await pipeline.embed(self.ctx, req.core, chained_state(request.scope))
         return v1_json_response(
             wire.embedding_list(
                 req.core.model, done.vectors, done.prompt_eval_count, req.encoding_format
