@@ -114,6 +114,10 @@ class Settings:
     # OLLAMATRIO_CORES: the CPU cores the scheduler divides among the runners that are
     # generating (scheduler/core_share.py); 0 = the physical cores this process may use.
     cores: int = 0
+    # OLLAMATRIO_TLS_CERT / OLLAMATRIO_TLS_KEY: PEM files (the certificate chain, its private
+    # key); both set, the one listener speaks HTTPS only (http/tls.py).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -142,6 +146,12 @@ class Settings:
             raise ValueError(
                 "OLLAMATRIO_MAX_CONNECTIONS must be a number of client connections "
                 f"(0: from the open file limit), not {env['OLLAMATRIO_MAX_CONNECTIONS']!r}"
+            )
+        tls_cert, tls_key = _var(env, "OLLAMATRIO_TLS_CERT"), _var(env, "OLLAMATRIO_TLS_KEY")
+        if bool(tls_cert) != bool(tls_key):
+            raise ValueError(
+                "OLLAMATRIO_TLS_CERT and OLLAMATRIO_TLS_KEY go together: set both (PEM files, "
+                "for HTTPS) or neither"
             )
         return cls(
             host=host,
@@ -188,6 +198,8 @@ class Settings:
             ),
             prompt_cache_mib=_env_uint(env, "OLLAMATRIO_PROMPT_CACHE", -1),
             cores=_env_uint(env, "OLLAMATRIO_CORES", 0),
+            tls_cert=Path(tls_cert).expanduser() if tls_cert else None,
+            tls_key=Path(tls_key).expanduser() if tls_key else None,
         )
 
     @property

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 STARTUP_TIMEOUT: Final = 60.0  # seconds for the server to print its address
 # The server's drain (GRACEFUL_TIMEOUT) plus its runners' unload.
 STOP_TIMEOUT: Final = GRACEFUL_TIMEOUT + 10.0
-_LISTENING: Final = re.compile(r"Listening on (http://\S+)")
+_LISTENING: Final = re.compile(r"Listening on (https?://\S+)")
 _PR_SET_PDEATHSIG: Final = 1
 
 
