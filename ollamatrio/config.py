@@ -118,6 +118,9 @@ class Settings:
     # key); both set, the one listener speaks HTTPS only (http/tls.py).
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # OLLAMATRIO_FLEET_SECRET: a fleet's hosts require it on every request (the gateway
+    # sends it, http/fleet_secret.py); "" = not a fleet's host.  Never in a repr.
+    fleet_secret: str = field(default="", repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -200,6 +203,7 @@ class Settings:
             cores=_env_uint(env, "OLLAMATRIO_CORES", 0),
             tls_cert=Path(tls_cert).expanduser() if tls_cert else None,
             tls_key=Path(tls_key).expanduser() if tls_key else None,
+            fleet_secret=_var(env, "OLLAMATRIO_FLEET_SECRET"),
         )
 
     @property

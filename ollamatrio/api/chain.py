@@ -35,6 +35,7 @@ from ..errors import OllamatrioError, ServerShuttingDownError
 from ..http.asgi import ANSWERED
 from ..http.cors import OriginPolicy, cors_answer
 from ..http.drain import Drain
+from ..http.fleet_secret import matches, presented
 from ..http.host_guard import allowed_host, is_loopback_bind
 from .table import Route, route_for, routes_of
 
@@ -97,6 +98,7 @@ class Chain:
         self._metrics = metrics
         self._origins = OriginPolicy.from_origins(settings.origins)
         self._guard_hosts = is_loopback_bind(settings.host)
+        self._fleet_secret = settings.fleet_secret.encode()  # b"": not a fleet's host
 
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] != "http":
@@ -133,7 +135,9 @@ class Chain:
             return message
 
         try:
-            refused = self.refusal(method, path, host or "", cors.status)
+            refused = self.refusal(
+                method, path, host or "", cors.status, fleet_secret=presented(scope["headers"])
+            )
             if refused is not None:
                 await _answer_empty(chained_send, *refused)
                 return
@@ -145,13 +149,17 @@ class Chain:
             self._done(scope, state, arrived)
 
     def refusal(
-        self, method: str, path: str, host: str, cors_status: int | None
-    ) -> tuple[int, list[tuple[bytes, bytes]]] | None:
+        self, method: str, path: str, host: str, cors_status: int | None,
+        fleet_secret: bytes | None = None,
+    ) -> tuple[int, list[tuple[bytes, bytes]]] | None:  # fmt: skip
         """The answer (status, headers) that ends a request before its route, or None."""
         # CORS first, as Ollama: a disallowed origin gets 403, an allowed preflight 204.
         status = cors_status
         if status is None and self._guard_hosts and not allowed_host(host):
             status = 403
+        # A fleet's host serves its gateway alone: every request carries the fleet secret.
+        if status is None and self._fleet_secret and not matches(fleet_secret, self._fleet_secret):
+            status = 401
         if status is None and method == "OPTIONS":
             status = 204
         if status is None:
