@@ -165,6 +165,20 @@ def test_fleet_up_options_from_flags_config_and_environment(tmp_path: Path) -> N
         options_from(_args(config=config), environ)
 
 
+def test_the_fleet_secret_goes_in_rays_runtime_environment_alone() -> None:
+    pytest.importorskip("ray", reason="the fleet extra is not installed")
+    from ollamatrio.fleet.ray_app import FleetOptions, build
+
+    app = build(FleetOptions(fleet_secret="zzz", env={"OLLAMA_KEEP_ALIVE": "1h"}))
+    hosts = app._bound_deployment  # Ray's bound application: what serve.run deploys
+    gateway = hosts.init_args[0]._bound_deployment
+    for deployment in (hosts, gateway):
+        runtime_env = deployment.ray_actor_options["runtime_env"]
+        assert runtime_env == {"env_vars": {"OLLAMATRIO_FLEET_SECRET": "zzz"}}
+    assert "zzz" not in repr((hosts.init_args[1:], gateway.init_args))
+    assert build(FleetOptions())._bound_deployment.ray_actor_options["runtime_env"] == {}
+
+
 def test_fleet_commands_warn_without_rays_token_authentication() -> None:
     pytest.importorskip("ray", reason="the fleet extra is not installed")
     from ollamatrio.fleet.ray_cli import ray_auth_warning

@@ -161,6 +161,17 @@ async def test_the_command_line_client_trusts_ssl_cert_file(api_server, certific
         assert b"tiny" in trusted.stdout
 
 
+async def test_a_stalled_body_is_answered_408_over_tls(api_server, certificates) -> None:
+    async with api_server(body_timeout=0.5, **tls_options(certificates)) as server:
+        stream = await tls_stream(server.url, certificates.ca)
+        async with stream:
+            await stream.send_all(
+                b"POST /api/show HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 10\r\n\r\n{"
+            )
+            answer = await read_answer(stream)
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+
+
 def test_certificate_and_key_go_together() -> None:
     with pytest.raises(ValueError, match="OLLAMATRIO_TLS_CERT and OLLAMATRIO_TLS_KEY go together"):
         Settings.from_env({"OLLAMATRIO_TLS_CERT": "/x/cert.pem"})
