@@ -118,6 +118,13 @@ class Settings:
     # OLLAMATRIO_AUTH: "required" asks every request but the liveness routes for an API key
     # (auth/keys.py, api/auth_gate.py); "off" serves anyone who reaches the port.
     auth: str = "off"
+    # OLLAMATRIO_TLS_CERT / OLLAMATRIO_TLS_KEY: PEM files (the certificate chain, its private
+    # key); both set, the one listener speaks HTTPS only (http/tls.py).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # OLLAMATRIO_FLEET_SECRET: a fleet's hosts require it on every request (the gateway
+    # sends it, http/fleet_secret.py); "" = not a fleet's host.  Never in a repr.
+    fleet_secret: str = field(default="", repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -152,6 +159,12 @@ class Settings:
             raise ValueError(
                 "OLLAMATRIO_MAX_CONNECTIONS must be a number of client connections "
                 f"(0: from the open file limit), not {env['OLLAMATRIO_MAX_CONNECTIONS']!r}"
+            )
+        tls_cert, tls_key = _var(env, "OLLAMATRIO_TLS_CERT"), _var(env, "OLLAMATRIO_TLS_KEY")
+        if bool(tls_cert) != bool(tls_key):
+            raise ValueError(
+                "OLLAMATRIO_TLS_CERT and OLLAMATRIO_TLS_KEY go together: set both (PEM files, "
+                "for HTTPS) or neither"
             )
         return cls(
             host=host,
@@ -199,6 +212,9 @@ class Settings:
             prompt_cache_mib=_env_uint(env, "OLLAMATRIO_PROMPT_CACHE", -1),
             cores=_env_uint(env, "OLLAMATRIO_CORES", 0),
             auth=auth,
+            tls_cert=Path(tls_cert).expanduser() if tls_cert else None,
+            tls_key=Path(tls_key).expanduser() if tls_key else None,
+            fleet_secret=_var(env, "OLLAMATRIO_FLEET_SECRET"),
         )
 
     @property

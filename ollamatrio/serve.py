@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from .engines.protocol import EngineFactory
 from .errors import OllamatrioError
 from .http.budget import ConnectionBudget, default_cap, raise_open_file_limit
 from .http.front import serve_http
+from .http.tls import TLSConfigError, server_context
 from .log import configure_logging
 from .model_config import ConfigError, ModelConfig, load_model_config
 from .runner.folders import remove_stale_runner_folders
@@ -118,6 +120,20 @@ async def sweep_prompt_cache(settings: Settings) -> None:
         log.warning("prompt cache: could not tidy %s: %s", cache.folder, exc)
 
 
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """The HTTPS context ``OLLAMATRIO_TLS_CERT``/``_KEY`` name; None for plain HTTP.
+
+    Raises:
+        StartupError: a file is missing or unusable (it names the file and why).
+    """
+    if settings.tls_cert is None or settings.tls_key is None:
+        return None
+    try:
+        return server_context(settings.tls_cert, settings.tls_key)
+    except TLSConfigError as exc:
+        raise StartupError(str(exc)) from None
+
+
 def hypercorn_config(settings: Settings, listener: socket.socket | None = None) -> HypercornConfig:
     """Hypercorn's settings; with ``listener``, it serves that socket instead of binding."""
     config = HypercornConfig()
@@ -170,7 +186,9 @@ async def serve(
 
     Raises:
         ConfigError: ``model_config`` was not given and the file cannot be used.
+        StartupError: the TLS certificate or key cannot be used.
     """
+    tls = tls_context(settings)
     if model_config is None:
         model_config = await trio.to_thread.run_sync(load_model_config, settings.config_path)
     store = await trio.to_thread.run_sync(
@@ -193,7 +211,7 @@ async def serve(
             devices = await engine_device_source(settings, background=background)
         await _serve(
             settings, store, model_config, shutdown_trigger, engines, devices, listener,
-            task_status,
+            tls, task_status,
         )  # fmt: skip
         background.cancel_scope.cancel()
     log.info("server stopped")
@@ -207,6 +225,7 @@ async def _serve(
     engines: EngineFactory | None,
     devices: DeviceSource | None,
     listener: socket.socket | None,
+    tls: ssl.SSLContext | None,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
     """:func:`serve` once the store and the devices are known."""
@@ -244,6 +263,7 @@ async def _serve(
                         shutdown_trigger=trigger,
                         budget=budget,
                         body_timeout=settings.body_timeout,
+                        tls=tls,
                         task_status=task_status,
                     )
                     nursery.cancel_scope.cancel()
@@ -306,9 +326,9 @@ def run_server(settings: Settings | None = None) -> None:
     """Process entry point: logging from OLLAMA_DEBUG, serve until SIGINT/SIGTERM.
 
     Raises:
-        StartupError: the config file (``OLLAMATRIO_CONFIG``) is unusable, the address cannot
-            be listened on or the model store cannot be used (checked in that order, before
-            anything else starts).
+        StartupError: the config file (``OLLAMATRIO_CONFIG``) or the TLS certificate or key
+            is unusable, the address cannot be listened on or the model store cannot be used
+            (checked in that order, before anything else starts).
     """
     settings = settings or Settings.from_env()
     configure_logging(settings)
@@ -316,6 +336,7 @@ def run_server(settings: Settings | None = None) -> None:
         model_config = load_model_config(settings.config_path)
     except ConfigError as exc:
         raise StartupError(str(exc)) from None
+    tls_context(settings)  # an unusable certificate fails here, before the port is taken
     with listen(settings) as listener:
         check_models_dir(settings.models_dir)
         trio.run(_serve_until_signal, settings, listener, model_config)

@@ -30,6 +30,10 @@ Each round starts with the next path in turn, so that none always follows the sa
 next load finds a state in the on-disk prompt cache that the measured prompt does not begin:
 what a restart leaves behind.
 
+``--tls``: this checkout once more over HTTPS (``OLLAMATRIO_TLS_CERT``/``_KEY``, a throw-away
+authority and certificate made with ``openssl``) as one more API path, ``tls``, its rounds
+interleaved: the relay's cost per token with TLS against without (the ``after`` path).
+
 ``--mixed``: every API request is an ``/api/show`` and then a streamed ``/api/chat`` on the
 same keep-alive connection (the official clients' pattern); CPU per token includes the show.
 
@@ -54,6 +58,7 @@ import argparse
 import json
 import os
 import shutil
+import ssl
 import statistics
 import subprocess
 import sys
@@ -79,6 +84,7 @@ from ollamatrio.engines.llamacpp_wire import completion_request
 from ollamatrio.engines.process import ProcessEngine, ProcessEngineFactory
 from ollamatrio.store import ModelStore, import_gguf
 from ollamatrio.testing import write_tiny_gguf
+from ollamatrio.testing.certificates import make_certificates
 from ollamatrio.types import CompletionRequest, LoadSpec
 
 PROMPT = "Once upon a time"
@@ -196,11 +202,12 @@ class Server:
     rounds: dict[int, list[Round]]
     started_in: float = 0.0  # seconds from process start to first answer
     idle_rss: int = 0  # bytes, the process tree before any model is loaded
+    verify: ssl.SSLContext | bool = True  # what an https:// server is checked against
 
 
 async def start_server(
     nursery: trio.Nursery, store: ModelStore, most: int, code: str | None, profile: str | None,
-    extra_env: dict[str, str] | None = None,
+    extra_env: dict[str, str] | None = None, verify: ssl.SSLContext | bool = True,
     *, task_status: trio.TaskStatus[tuple[int, int, float]] = trio.TASK_STATUS_IGNORED,
 ) -> None:  # fmt: skip
     """Run a server (``code``: another checkout's package; ``extra_env``: variables set for
@@ -237,7 +244,8 @@ async def start_server(
                 [spy, "record", "-p", str(server.pid), "-o", profile, "-f", "raw", "-r", "200"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
-        started_in = await wait_answering(f"http://127.0.0.1:{port}", started)
+        scheme = "https" if env.get("OLLAMATRIO_TLS_CERT") else "http"
+        started_in = await wait_answering(f"{scheme}://127.0.0.1:{port}", started, verify=verify)
         task_status.started((port, server.pid, started_in))
         await trio.sleep_forever()
     finally:
@@ -277,13 +285,25 @@ async def main(args: argparse.Namespace) -> None:
             ]
             if args.before:
                 variants.append(("before", args.before, None, {}))
+            verify: ssl.SSLContext | bool = True
+            if args.tls:
+                made = make_certificates(root / "tls")
+                verify = ssl.create_default_context(cafile=made.ca)
+                tls_env = {
+                    "OLLAMATRIO_TLS_CERT": str(made.cert),
+                    "OLLAMATRIO_TLS_KEY": str(made.key),
+                }
+                variants.append(("tls", args.server_path, None, tls_env))
             for name, code, profile, extra_env in variants:
                 port, pid, started_in = await nursery.start(
-                    start_server, nursery, store, most, code, profile, extra_env
+                    start_server, nursery, store, most, code, profile, extra_env, verify
                 )
-                url = f"http://127.0.0.1:{port}"
-                clients = [httpx.AsyncClient(base_url=url, timeout=120) for _ in range(most)]
-                servers.append(Server(name, url, pid, clients, {}, started_in))
+                scheme = "https" if "OLLAMATRIO_TLS_CERT" in extra_env else "http"
+                url = f"{scheme}://127.0.0.1:{port}"
+                clients = [
+                    httpx.AsyncClient(base_url=url, timeout=120, verify=verify) for _ in range(most)
+                ]
+                servers.append(Server(name, url, pid, clients, {}, started_in, verify=verify))
             if args.against_ollama:
                 env = {
                     "OLLAMA_NUM_PARALLEL": str(most),
@@ -306,11 +326,11 @@ async def main(args: argparse.Namespace) -> None:
             nursery.cancel_scope.cancel()
 
 
-async def wait_ready(url: str) -> None:
+async def wait_ready(url: str, verify: ssl.SSLContext | bool = True) -> None:
     """Wait until the server answers."""
     # Readiness on a connection of its own: the clients' connections carry only generations
     # (a server may serve those on a faster path than other requests).
-    async with httpx.AsyncClient(base_url=url) as probe:
+    async with httpx.AsyncClient(base_url=url, verify=verify) as probe:
         with trio.fail_after(60):
             while True:
                 try:
@@ -325,7 +345,7 @@ async def measure(
     servers: list[Server],
 ) -> None:  # fmt: skip
     for server in servers:
-        await wait_ready(server.url)
+        await wait_ready(server.url, server.verify)
     prompt = LONG_PROMPT if args.long_prompt else PROMPT
     if args.saved_state:
         for server in servers:
@@ -564,6 +584,11 @@ if __name__ == "__main__":
         "--pin", action="store_true",
         help="runners and this client on the last CPU, the servers on the others (Linux)",
     )  # fmt: skip
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="also serve this checkout over HTTPS (a throw-away certificate), rounds interleaved",
+    )
     parser.add_argument(
         "--mixed", action="store_true",
         help="each API request is /api/show then a streamed /api/chat on the same connection",

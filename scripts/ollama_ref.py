@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import subprocess
 import tarfile
 import tempfile
@@ -73,9 +74,12 @@ class Ollama:
         )
 
 
-async def wait_answering(url: str, since: float, limit: float = 60.0) -> float:
-    """Seconds from ``since`` (``time.perf_counter``) until ``GET /api/version`` answers."""
-    async with httpx.AsyncClient(base_url=url) as probe:
+async def wait_answering(
+    url: str, since: float, limit: float = 60.0, verify: ssl.SSLContext | bool = True
+) -> float:
+    """Seconds from ``since`` (``time.perf_counter``) until ``GET /api/version`` answers
+    (``verify``: the authorities an ``https://`` server is checked against)."""
+    async with httpx.AsyncClient(base_url=url, verify=verify) as probe:
         with trio.fail_after(limit):
             while True:
                 try:

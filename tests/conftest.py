@@ -123,7 +123,7 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
         from ollamatrio.engines.simulated import SimulatedBehaviour, SimulatedEngineFactory
         from ollamatrio.http.front import serve_http
         from ollamatrio.scheduler import open_scheduler
-        from ollamatrio.serve import hypercorn_config
+        from ollamatrio.serve import hypercorn_config, tls_context
         from ollamatrio.store import ModelStore
 
         settings = replace(
@@ -157,6 +157,7 @@ def api_server(tmp_path: Path, tiny_gguf: TinyGGUF) -> ServerFactory:
                     shutdown_trigger=stop.wait,
                     budget=budget,
                     body_timeout=settings.body_timeout,
+                    tls=tls_context(settings),
                 )
             )
             try:

@@ -46,8 +46,10 @@ async def all_up(table: HostTable, count: int) -> None:
 
 
 @asynccontextmanager
-async def gateway(urls: list[str], tmp_path: Path) -> AsyncIterator[RunningGateway]:
-    settings = Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models")
+async def gateway(
+    urls: list[str], tmp_path: Path, **overrides: Any
+) -> AsyncIterator[RunningGateway]:
+    settings = Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models", **overrides)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         running: RunningGateway = await nursery.start(
@@ -130,6 +132,33 @@ async def test_concurrent_first_requests_for_a_cold_model_load_it_once(
             assert [h.engines.loads for h in hosts].count(1) == 1
             assert sum(h.engines.loads for h in hosts) == 1
             assert gw.table.decisions["cold"] == 1
+
+
+async def test_hosts_with_a_fleet_secret_serve_the_gateway_alone(
+    api_server, tiny_gguf, tmp_path
+) -> None:
+    secret = "fleet-secret-for-the-test"
+    with trio.fail_after(30):
+        async with api_server(behaviour=FAST, fleet_secret=secret) as host:
+            async with httpx.AsyncClient(base_url=host.url) as direct:
+                # Reached directly, the host serves nobody without the secret, any route.
+                for path in ("/", "/api/version", "/api/tags", "/api/ps"):
+                    assert (await direct.get(path)).status_code == 401, path
+                wrong = {"x-ollamatrio-fleet-secret": "not-the-secret"}
+                assert (await direct.get("/api/tags", headers=wrong)).status_code == 401
+                right = {"x-ollamatrio-fleet-secret": secret}
+                assert (await direct.get("/api/tags", headers=right)).status_code == 200
+            async with gateway([host.url], tmp_path, fleet_secret=secret) as gw:
+                # The gateway watches the host (/api/events, /api/ps) and forwards requests
+                # with the secret; a client's own secret header is not passed on.
+                async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+                    answer = await client.post(
+                        "/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False},
+                        headers=wrong,
+                    )  # fmt: skip
+                    assert answer.status_code == 200, answer.text
+                    assert answer.json()["done"] is True
+                    assert (await client.get("/api/ps")).json()["models"]
 
 
 async def test_streaming_through_the_openai_sdk(api_server, tiny_gguf, tmp_path) -> None:

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import urllib.error
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -41,6 +43,18 @@ def test_the_host_process_answers_health_and_load_then_stops(tmp_path: Path) -> 
         server.stop()
     assert server.proc.returncode == 0  # SIGTERM: the server's own orderly shutdown
     assert "exited (0)" in (server.healthy() or "")
+
+
+def test_a_host_with_a_fleet_secret_refuses_requests_without_it(tmp_path: Path) -> None:
+    env = {**SIMULATED, "OLLAMA_MODELS": str(tmp_path), "OLLAMATRIO_FLEET_SECRET": "s3cret"}
+    server = HostProcess("127.0.0.1", env)
+    try:
+        assert server.healthy() is None  # its owner's questions carry the secret
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{server.url}/api/version", timeout=5)
+        assert refused.value.code == 401
+    finally:
+        server.stop()
 
 
 def test_a_dead_server_is_unhealthy(tmp_path: Path) -> None:
@@ -137,9 +151,42 @@ def test_fleet_up_options_from_flags_config_and_environment(tmp_path: Path) -> N
         options_from(_args(min_replicas=2), environ)
     with pytest.raises(FleetError, match="1 <= --min-replicas"):
         options_from(_args(min_replicas=3, max_replicas=2), environ)
+    assert len(options.fleet_secret) >= 43  # generated: 32 random bytes
+    assert options.fleet_secret not in repr(options)
+    assert options_from(_args(), environ).fleet_secret != options.fleet_secret
+    given = {**environ, "OLLAMATRIO_FLEET_SECRET": "chosen"}
+    assert options_from(_args(), given).fleet_secret == "chosen"
+    assert "OLLAMATRIO_FLEET_SECRET" not in options_from(_args(), given).env  # runtime env
+    config.write_text('[env]\nOLLAMATRIO_FLEET_SECRET = "from-file"\n')
+    from_file = options_from(_args(config=config), environ)
+    assert (from_file.fleet_secret, from_file.env) == ("from-file", {"OLLAMA_MODELS": "/shared"})
     config.write_text("[fleet]\nreplica = 2\n")
     with pytest.raises(FleetError, match="unknown \\[fleet\\] keys: replica"):
         options_from(_args(config=config), environ)
+
+
+def test_the_fleet_secret_goes_in_rays_runtime_environment_alone() -> None:
+    pytest.importorskip("ray", reason="the fleet extra is not installed")
+    from ollamatrio.fleet.ray_app import FleetOptions, build
+
+    app = build(FleetOptions(fleet_secret="zzz", env={"OLLAMA_KEEP_ALIVE": "1h"}))
+    hosts = app._bound_deployment  # Ray's bound application: what serve.run deploys
+    gateway = hosts.init_args[0]._bound_deployment
+    for deployment in (hosts, gateway):
+        runtime_env = deployment.ray_actor_options["runtime_env"]
+        assert runtime_env == {"env_vars": {"OLLAMATRIO_FLEET_SECRET": "zzz"}}
+    assert "zzz" not in repr((hosts.init_args[1:], gateway.init_args))
+    assert build(FleetOptions())._bound_deployment.ray_actor_options["runtime_env"] == {}
+
+
+def test_fleet_commands_warn_without_rays_token_authentication() -> None:
+    pytest.importorskip("ray", reason="the fleet extra is not installed")
+    from ollamatrio.fleet.ray_cli import ray_auth_warning
+
+    assert ray_auth_warning({"RAY_AUTH_MODE": "token"}) is None
+    warning = ray_auth_warning({})
+    assert warning is not None
+    assert "RAY_AUTH_MODE=token" in warning
 
 
 def test_the_host_process_reports_the_niceness_it_inherited(tmp_path: Path) -> None:

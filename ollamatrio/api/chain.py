@@ -45,6 +45,7 @@ from ..errors import OllamatrioError, ServerShuttingDownError
 from ..http.asgi import ANSWERED
 from ..http.cors import OriginPolicy, cors_answer
 from ..http.drain import Drain
+from ..http.fleet_secret import matches, presented
 from ..http.host_guard import allowed_host, is_loopback_bind
 from .table import Route, Way, route_for, routes_of
 
@@ -147,6 +148,7 @@ class Chain:
             from .auth_gate import KeyGate
 
             self._gate = KeyGate(KeyStore.in_folder(settings.state_dir))
+        self._fleet_secret = settings.fleet_secret.encode()  # b"": not a fleet's host
 
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] != "http":
@@ -227,6 +229,10 @@ class Chain:
         status = cors_status
         if status is None and self._guard_hosts and not allowed_host(host):
             status = 403
+        # A fleet's host serves its gateway alone: every request carries the fleet secret.
+        fleet = self._fleet_secret
+        if status is None and fleet and not matches(presented(scope["headers"]), fleet):
+            status = 401
         if status is None and method == "OPTIONS":
             status = 204
         if status is None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import os
 import socket
+import ssl
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -34,6 +36,33 @@ def _is_loopback(url: str) -> bool:
         return False
 
 
+def _trusted() -> ssl.SSLContext | bool:
+    """The authorities an ``https://`` OLLAMA_HOST is verified against: ``SSL_CERT_FILE``
+    (or ``SSL_CERT_DIR``) when set, as Go's clients (the ``ollama`` command) read them even
+    for a server on this machine (httpx reads them only with ``trust_env``, which loopback
+    addresses turn off); else the system's."""
+    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
+    if not (cafile or capath):
+        return True
+    try:
+        if cafile:
+            return ssl.create_default_context(cafile=cafile)
+        return ssl.create_default_context(capath=capath)
+    except (OSError, ssl.SSLError) as exc:
+        name = "SSL_CERT_FILE" if cafile else "SSL_CERT_DIR"
+        raise CLIError(f"{name}={cafile or capath}: cannot use it: {exc}") from None
+
+
+def _tls_error(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS failure behind a transport error, if that is what it is."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the chain is short (httpx over httpcore over ssl)
+        if seen is None or isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 class Client:
     """The server's ``/api`` endpoints over one connection pool."""
 
@@ -48,6 +77,7 @@ class Client:
         return httpx.Client(
             base_url=self.base_url, timeout=_TIMEOUT, trust_env=not _is_loopback(self.base_url),
             headers=self._headers,
+            verify=_trusted(),
         )  # fmt: skip
 
     def reset(self) -> None:
@@ -131,6 +161,9 @@ class Client:
             http.close()
 
     def _error_for(self, exc: httpx.TransportError) -> CLIError:
+        if (tls := _tls_error(exc)) is not None:
+            return CLIError(f"TLS with {self.base_url} failed: {tls} (SSL_CERT_FILE names the "
+                            "certificate authority to trust)")  # fmt: skip
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
             return self._unreachable()
         return CLIError(f"lost the connection to the server: {exc}")

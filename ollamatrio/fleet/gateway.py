@@ -42,11 +42,12 @@ from ..api.native.stream import GenerateLines
 from ..api.openai import wire as openai_wire
 from ..api.openai.stream import ChatEvents
 from ..config import Settings
+from ..http.fleet_secret import HEADER as FLEET_SECRET
 from ..http.front import serve_http
 from ..http.http1 import LAST_CHUNK, chunk
 from ..http1.client import BodyReader, Connection
 from ..http1.framing import ResponseHead
-from ..serve import hypercorn_config
+from ..serve import hypercorn_config, tls_context
 from . import gateway_fleetwide as fleetwide
 from .gateway_hosts import Host, HostTable, model_key
 from .gateway_sizes import SizePredictor
@@ -62,6 +63,7 @@ ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 _HOP: Final = frozenset({
     b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
     b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect",
+    FLEET_SECRET,  # the gateway sends its own
 })  # fmt: skip
 _ANSWER_HOP: Final = frozenset({
     b"connection", b"keep-alive", b"transfer-encoding", b"date", b"trailer",
@@ -253,7 +255,7 @@ async def _send_streamed(
     ``Content-Length`` (the official Python client's uploads) goes on in chunks."""
     conn = await host.pool.connect()
     try:
-        await conn.send_all(head + host.pool.authority + b"\r\n\r\n")
+        await conn.send_all(host.pool.signed(head + host.pool.authority + b"\r\n\r\n"))
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -348,7 +350,10 @@ async def serve_gateway(
     """Serve the gateway for ``hosts`` (``http://HOST:PORT`` each, or a table that learns
     them as they come) on ``listener`` (else ``settings.bind``) until ``shutdown_trigger``
     returns."""
-    table = hosts if isinstance(hosts, HostTable) else HostTable(hosts)
+    if isinstance(hosts, HostTable):
+        table = hosts
+    else:
+        table = HostTable(hosts, fleet_secret=settings.fleet_secret)
     app = Gateway(table, SizePredictor(settings))
     async with trio.open_nursery() as nursery:
         await nursery.start(table.run)
@@ -356,7 +361,8 @@ async def serve_gateway(
         async def serve(task_status: trio.TaskStatus[list[str]]) -> None:
             await serve_http(
                 app, hypercorn_config(settings, listener), shutdown_trigger=shutdown_trigger,
-                body_timeout=settings.body_timeout, task_status=task_status,
+                body_timeout=settings.body_timeout, tls=tls_context(settings),
+                task_status=task_status,
             )  # fmt: skip
             nursery.cancel_scope.cancel()  # the watchers end with the server
 

@@ -85,7 +85,10 @@ def parse_address(url: str) -> tuple[str, int]:
 class Host:
     """One host as the gateway knows it."""
 
-    def __init__(self, url: str, replica: str | None = None, node: str | None = None) -> None:
+    def __init__(
+        self, url: str, replica: str | None = None, node: str | None = None,
+        fleet_secret: str = "",
+    ) -> None:  # fmt: skip
         self.address = parse_address(url)
         self.name = f"http://{self.address[0]}:{self.address[1]}"
         self.replica = replica  # Ray's replica id, when Ray runs the host
@@ -93,7 +96,7 @@ class Host:
         self.niceness: int | None = None  # its server's scheduling niceness (Ray hosts)
         self.seen = 0.0  # when its owner last said it exists (trio time; Ray hosts)
         self.watcher = trio.CancelScope()  # the watch task's scope; cancelled on removal
-        self.pool = HostPool(self.address)
+        self.pool = HostPool(self.address, fleet_secret)
         self.up = False
         self.models: dict[str, str] = {}  # model key → loading | ready | unloading
         self.inflight: dict[str, int] = {}  # model key → the gateway's requests there
@@ -161,10 +164,11 @@ class HostTable:
     them with :meth:`add` and :meth:`remove` once :meth:`run` is running.
     """
 
-    def __init__(self, urls: list[str], *, dynamic: bool = False) -> None:
+    def __init__(self, urls: list[str], *, dynamic: bool = False, fleet_secret: str = "") -> None:
+        self.fleet_secret = fleet_secret  # sent to every host (http/fleet_secret.py)
         self.hosts: dict[str, Host] = {}
         for url in urls:
-            host = Host(url)
+            host = Host(url, fleet_secret=fleet_secret)
             self.hosts[host.name] = host
         if not self.hosts and not dynamic:
             raise ValueError("a fleet needs at least one host")
@@ -197,7 +201,7 @@ class HostTable:
         host = self.hosts.get(name)
         if host is None:
             assert self._nursery is not None, "add() needs run() running"
-            host = self.hosts[name] = Host(url, replica, node)
+            host = self.hosts[name] = Host(url, replica, node, self.fleet_secret)
             self._nursery.start_soon(self.watch, host)
             log.info("host %s added (replica %s, node %s)", host.name, replica, node)
         host.replica, host.node = replica or host.replica, node or host.node

@@ -17,7 +17,9 @@ from typing import Final
 import trio
 
 from ..errors import PeerConnectionError
-from ..http1.client import Pool
+from ..http.fleet_secret import header_line
+from ..http1.client import Connection, Pool
+from ..http1.framing import ResponseHead
 
 MAX_IDLE: Final = 32  # pooled connections per host
 IDLE_LIMIT: Final = 25.0  # seconds: a little under the host's keep-alive timeout (30 s)
@@ -28,15 +30,28 @@ HostConnectionError = PeerConnectionError
 
 
 class HostPool(Pool):
-    """Connections to one host (``address``: host and port), the idle ones kept."""
+    """Connections to one host (``address``: host and port), the idle ones kept; every
+    request sent carries the fleet secret, when the fleet has one (``fleet_secret``)."""
 
-    def __init__(self, address: tuple[str, int]) -> None:
+    def __init__(self, address: tuple[str, int], fleet_secret: str = "") -> None:
         self.address = address
         self.authority = f"{address[0]}:{address[1]}".encode()
+        self._secret_line = header_line(fleet_secret) if fleet_secret else b""
         super().__init__(
             partial(trio.open_tcp_stream, *address), peer="the host", max_idle=MAX_IDLE,
             idle_limit=IDLE_LIMIT, where=self.authority.decode(),
         )  # fmt: skip
+
+    def signed(self, message: bytes) -> bytes:
+        """``message`` (a request head, its body perhaps after it) with the fleet secret's
+        header after its request line."""
+        if not self._secret_line:
+            return message
+        end = message.index(b"\r\n") + 2
+        return message[:end] + self._secret_line + message[end:]
+
+    async def send(self, message: bytes) -> tuple[Connection, ResponseHead]:
+        return await super().send(self.signed(message))
 
     async def get(self, path: str) -> tuple[int, bytes]:
         """A plain ``GET``: (status, body)."""

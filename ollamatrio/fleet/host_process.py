@@ -26,6 +26,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import IO, Any, Final
 
+from ..http.fleet_secret import HEADER as FLEET_SECRET
 from ..serve import GRACEFUL_TIMEOUT
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 STARTUP_TIMEOUT: Final = 60.0  # seconds for the server to print its address
 # The server's drain (GRACEFUL_TIMEOUT) plus its runners' unload.
 STOP_TIMEOUT: Final = GRACEFUL_TIMEOUT + 10.0
-_LISTENING: Final = re.compile(r"Listening on (http://\S+)")
+_LISTENING: Final = re.compile(r"Listening on (https?://\S+)")
 _PR_SET_PDEATHSIG: Final = 1
 
 
@@ -59,6 +60,10 @@ class HostProcess:
 
     def __init__(self, bind_host: str, env: Mapping[str, str]) -> None:
         child_env = {**os.environ, **env, "OLLAMA_HOST": f"{bind_host}:0"}
+        # The server requires the fleet secret (it reads it from its environment, never
+        # from its command line): its health and load questions carry it too.
+        secret = child_env.get("OLLAMATRIO_FLEET_SECRET", "").strip()
+        self._headers = {FLEET_SECRET.decode(): secret} if secret else {}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ollamatrio", "serve"],
             env=child_env,
@@ -109,7 +114,8 @@ class HostProcess:
         Raises:
             OSError: the server did not answer (URLError is one).
         """
-        with urllib.request.urlopen(self.url + path, timeout=timeout) as answer:
+        request = urllib.request.Request(self.url + path, headers=self._headers)
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
             return json.loads(answer.read())
 
     def healthy(self) -> str | None:

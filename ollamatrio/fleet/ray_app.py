@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 import threading
 from dataclasses import dataclass, field
 from socket import socket
@@ -51,6 +52,7 @@ HEALTH_PERIOD: Final = 2.0  # seconds between health checks (and heartbeats) of 
 HEALTH_TIMEOUT: Final = 10.0
 # A host that is down and silent for this long is dropped from the gateway's table.
 SILENT_SECONDS: Final = 5 * HEALTH_PERIOD
+FLEET_SECRET_VAR: Final = "OLLAMATRIO_FLEET_SECRET"
 REQUESTS_METRIC: Final = "ollamatrio_requests"  # queued + running, per host
 TARGET_REQUESTS: Final = 4.0  # requests per host the autoscaling policy aims for
 NICENESS_ADVICE: Final = (
@@ -78,6 +80,9 @@ class FleetOptions:
     gateway_bind: str = "127.0.0.1:11434"  # OLLAMA_HOST of the gateway
     gateway_node_ip: str | None = None  # pin the gateway to this node (fleet up's own)
     env: dict[str, str] = field(default_factory=dict)  # the hosts' environment
+    # OLLAMATRIO_FLEET_SECRET of the gateway and the hosts, given to them in Ray's runtime
+    # environment (env_vars), never in the deployment's arguments or on a command line.
+    fleet_secret: str = field(default="", repr=False)
 
     @property
     def autoscaling(self) -> bool:
@@ -105,8 +110,9 @@ class FleetGatewayImpl:
 
     def __init__(self, bind: str) -> None:
         settings = Settings.from_env({**os.environ, "OLLAMA_HOST": bind})
-        self.url = f"http://{settings.bind}"
-        self.table = HostTable([], dynamic=True)
+        scheme = "https" if settings.tls_cert else "http"
+        self.url = f"{scheme}://{settings.bind}"
+        self.table = HostTable([], dynamic=True, fleet_secret=settings.fleet_secret)
         self._listener: socket = listen(settings)
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
@@ -250,7 +256,9 @@ class FleetHostImpl:
 
 def build(options: FleetOptions) -> Any:
     """The Serve application for ``options`` (``serve.run`` it)."""
-    gateway_actor: dict[str, Any] = {"num_cpus": 0}
+    secret_env = {"env_vars": {FLEET_SECRET_VAR: options.fleet_secret}}
+    runtime_env = secret_env if options.fleet_secret else {}
+    gateway_actor: dict[str, Any] = {"num_cpus": 0, "runtime_env": runtime_env}
     if options.gateway_node_ip:
         gateway_actor["resources"] = {f"node:{options.gateway_node_ip}": 0.001}
     gateway = serve.deployment(
@@ -274,7 +282,9 @@ def build(options: FleetOptions) -> Any:
         scaling["num_replicas"] = options.replicas
     hosts = serve.deployment(
         name=HOSTS, max_replicas_per_node=1,
-        ray_actor_options={"num_cpus": options.num_cpus, "num_gpus": options.num_gpus},
+        ray_actor_options={
+            "num_cpus": options.num_cpus, "num_gpus": options.num_gpus, "runtime_env": runtime_env,
+        },
         health_check_period_s=HEALTH_PERIOD, health_check_timeout_s=HEALTH_TIMEOUT,
         graceful_shutdown_timeout_s=STOP_TIMEOUT + 5, **scaling,
     )(FleetHostImpl)  # fmt: skip
@@ -283,11 +293,17 @@ def build(options: FleetOptions) -> Any:
 
 def host_env(environ: dict[str, str]) -> dict[str, str]:
     """The hosts' environment from ``fleet up``'s: every ``OLLAMA_*`` and ``OLLAMATRIO_*``
-    setting but the address (each host listens on its node's)."""
+    setting but the address (each host listens on its node's) and the fleet secret (in Ray's
+    runtime environment instead, :func:`build`)."""
     return {
         k: v for k, v in environ.items()
-        if k.startswith(("OLLAMA_", "OLLAMATRIO_")) and k != "OLLAMA_HOST"
+        if k.startswith(("OLLAMA_", "OLLAMATRIO_")) and k not in ("OLLAMA_HOST", FLEET_SECRET_VAR)
     }  # fmt: skip
+
+
+def fleet_secret(environ: dict[str, str]) -> str:
+    """``OLLAMATRIO_FLEET_SECRET`` when set, else a new one (256 random bits)."""
+    return environ.get(FLEET_SECRET_VAR, "").strip() or secrets.token_urlsafe(32)
 
 
 def app_builder(args: dict[str, str]) -> Any:
@@ -297,4 +313,5 @@ def app_builder(args: dict[str, str]) -> Any:
     return build(FleetOptions(
         replicas=int(args.get("replicas", 1)),
         gateway_bind=environ.get("OLLAMA_HOST", "127.0.0.1:11434"), env=host_env(environ),
+        fleet_secret=fleet_secret(environ),
     ))  # fmt: skip

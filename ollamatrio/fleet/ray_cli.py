@@ -3,7 +3,10 @@
 * ``up`` deploys the Serve application of ``fleet/ray_app.py`` (the hosts and the gateway)
   onto the cluster at ``--address`` (else ``RAY_ADDRESS``, else ``auto``), the gateway on
   ``OLLAMA_HOST`` on this node, then prints one ``ready: <url> (<n> replicas)`` line and
-  returns once the gateway answers with every host up.
+  returns once the gateway answers with every host up.  The gateway and the hosts get the
+  fleet secret (``OLLAMATRIO_FLEET_SECRET``, a new random one if unset) in Ray's runtime
+  environment: every host refuses a request without it (401), so only the gateway is served.
+  Without Ray's token authentication (``RAY_AUTH_MODE=token``) it warns.
 * ``down`` deletes the application: Serve stops each host replica, whose destructor stops
   its ``ollamatrio serve`` (which unloads its runners), then the gateway.  Serve itself is
   shut down too when no other application is left on the cluster.  The cluster stays up:
@@ -24,9 +27,20 @@ from typing import Any, Final
 
 import ray
 from ray import serve
+from ray.exceptions import AuthenticationError
 
-from .ray_app import APP_NAME, GATEWAY, FleetOptions, build, host_env, node_ip
+from .ray_app import (
+    APP_NAME,
+    FLEET_SECRET_VAR,
+    GATEWAY,
+    FleetOptions,
+    build,
+    fleet_secret,
+    host_env,
+    node_ip,
+)
 
+AUTH_MODE_VAR: Final = "RAY_AUTH_MODE"
 READY_TIMEOUT: Final = 120.0  # seconds for every host to come up after Serve says running
 _SETTINGS: Final = ("replicas", "min_replicas", "max_replicas", "target_requests",
                     "upscale_delay_s", "downscale_delay_s", "metrics_interval_s",
@@ -56,6 +70,8 @@ def options_from(args: argparse.Namespace, environ: dict[str, str]) -> FleetOpti
             raise FleetError(f"{args.config}: unknown [fleet] keys: {', '.join(sorted(unknown))}")
         settings.update(fleet)
         env.update({str(k): str(v) for k, v in data.get("env", {}).items()})
+    secret = fleet_secret({**environ, **env})  # [env] may set it too
+    env.pop(FLEET_SECRET_VAR, None)
     for name in ("replicas", "min_replicas", "max_replicas"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
@@ -71,7 +87,7 @@ def options_from(args: argparse.Namespace, environ: dict[str, str]) -> FleetOpti
         raise FleetError("--replicas must be at least 1")
     return FleetOptions(
         **settings, env=env, gateway_bind=environ.get("OLLAMA_HOST") or "127.0.0.1:11434",
-        gateway_node_ip=node_ip(),
+        gateway_node_ip=node_ip(), fleet_secret=secret,
     )  # fmt: skip
 
 
@@ -94,8 +110,27 @@ def _connect(args: argparse.Namespace) -> None:
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     try:
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    except AuthenticationError as exc:
+        raise FleetError(
+            f"the Ray cluster at {address} requires its token: set RAY_AUTH_MODE=token and "
+            f"RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token): {exc}"
+        ) from None
     except (ConnectionError, RuntimeError) as exc:
         raise FleetError(f"no Ray cluster at {address}: {exc}") from None
+
+
+def ray_auth_warning(environ: dict[str, str]) -> str | None:
+    """A warning for the operator when this command spoke to Ray without its token
+    authentication (Ray 2.60: ``RAY_AUTH_MODE=token``, which the cluster's ``ray start``
+    must have too): whoever reaches the cluster's ports can run code on it (docs/fleet.md)."""
+    if environ.get(AUTH_MODE_VAR, "").strip().lower() == "token":
+        return None
+    return (
+        f"warning: Ray token authentication is off ({AUTH_MODE_VAR} is not 'token'): whoever "
+        "reaches the cluster's ports (GCS 6379, dashboard 8265, the nodes' object manager and "
+        "worker ports) can run code on it; start every node and run fleet commands with "
+        f"{AUTH_MODE_VAR}=token (docs/fleet.md)"
+    )
 
 
 def up(args: argparse.Namespace) -> int:
@@ -114,6 +149,8 @@ def up(args: argparse.Namespace) -> int:
     with urllib.request.urlopen(f"{url}/api/version", timeout=10) as answer:
         answer.read()
     print(f"ready: {url} ({up_count} replicas)", flush=True)
+    if (warning := ray_auth_warning(dict(os.environ))) is not None:
+        print(warning, file=sys.stderr)
     if (warning := niceness_warning(status)) is not None:
         print(warning, file=sys.stderr)
     return 0

@@ -62,6 +62,9 @@ class Connection(Protocol):
     def root_path(self) -> str: ...
 
     @property
+    def scheme(self) -> str: ...  # "http", or "https" over TLS
+
+    @property
     def state(self) -> dict[str, Any]: ...  # the lifespan state, copied into each scope
 
     @property
@@ -115,7 +118,7 @@ class Exchange:
             "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": self.head.version,
             "method": self.head.method,
-            "scheme": "http",
+            "scheme": connection.scheme,
             "path": unquote(path.decode("ascii")),
             "raw_path": path,
             "query_string": query,

@@ -21,6 +21,14 @@ did not accept, so :func:`serve_http` repeats ``hypercorn.trio.run.worker_serve`
 worker context, shutdown trigger, graceful timeout) around its ``TCPServer``; every
 hypercorn internal that takes is in ``http/hypercorn_bridge.py``, checked by a test against
 the hypercorn versions ``pyproject.toml`` pins.
+
+With ``OLLAMATRIO_TLS_CERT``/``_KEY`` the listener speaks HTTPS alone (``http/tls.py``):
+each connection's handshake runs in its own task, then everything above is the same over
+the :class:`trio.SSLStream`, except that a write always goes through the stream (it must be
+encrypted: no direct ``os.write``), a connection over the cap is closed rather than answered
+503, and a stalled body on a handed-over connection is closed without its 408.  A handed-over
+connection reaches hypercorn as a TLS stream whose handshake is done
+(:class:`TLSReplayStream`), so its scope says ``https`` as the front door's does.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import contextlib
 import logging
 import math
 import os
+import ssl
 import traceback
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -65,6 +74,7 @@ from .hypercorn_bridge import (
     serve_connection,
     shutdown_on,
 )
+from .tls import handshake
 
 log = logging.getLogger(__name__)
 
@@ -165,14 +175,15 @@ class ReplayStream(WatchedStream):
     def __init__(
         self, stream: trio.SocketStream, prefix: bytes, body_timeout: float = math.inf
     ) -> None:
-        self.transport = stream
+        self.transport: trio.abc.Stream = stream
+        self.plain = True  # a write straight to the socket is a write to the client
         self.socket = stream.socket
         self._prefix = prefix
         self.body_timeout = body_timeout
         self.watch: BodyWatch | None = None  # set by serve_connection: hypercorn's h11 state
         self.timed_out = False  # closed for a stalled body or a client that stopped reading
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self._prefix:
             await trio.lowlevel.checkpoint()
             size = len(self._prefix) if max_bytes is None else max_bytes
@@ -184,7 +195,7 @@ class ReplayStream(WatchedStream):
             return await self.transport.receive_some(max_bytes)
         # No byte of the body for body_timeout: 408 if nothing of an answer has gone out
         # (one write that cannot wait: hypercorn's own writes hold its send lock), then close.
-        if self.watch.may_answer():
+        if self.plain and self.watch.may_answer():
             text = b"request body timed out: no byte for %gs" % self.body_timeout
             with contextlib.suppress(OSError):
                 os.write(
@@ -212,12 +223,41 @@ class ReplayStream(WatchedStream):
         await self.transport.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
+        assert isinstance(self.transport, trio.abc.HalfCloseableStream)
         with trio.CancelScope(shield=True):  # shutdown(SHUT_WR): never waits
             await self.transport.send_eof()
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):  # closing never waits
             await self.transport.aclose()
+
+
+class TLSReplayStream(ReplayStream):
+    """A :class:`ReplayStream` over a TLS connection whose handshake the front door did.
+
+    Hypercorn's ``TCPServer.run`` takes a stream with ``do_handshake`` for a TLS one: it
+    calls it (nothing left to do here), asks ``selected_alpn_protocol`` and reads the socket
+    from ``transport_stream``; the scope then says ``https``.  A stalled body is closed
+    without the 408 (a write of ours beside hypercorn's would break the TLS records), and
+    there is no half-close (TLS has none; hypercorn closes next)."""
+
+    def __init__(
+        self, stream: trio.SSLStream[trio.SocketStream], prefix: bytes,
+        body_timeout: float = math.inf,
+    ) -> None:  # fmt: skip
+        super().__init__(stream.transport_stream, prefix, body_timeout)
+        self.transport = stream
+        self.transport_stream = stream.transport_stream
+        self.plain = False
+
+    async def do_handshake(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def selected_alpn_protocol(self) -> str:
+        return "http/1.1"  # the only protocol offered (http/tls.py)
+
+    async def send_eof(self) -> None:
+        await trio.lowlevel.checkpoint()
 
 
 class Front:
@@ -228,6 +268,7 @@ class Front:
         self, app: ASGIApp, wrapped: AppWrapper, limits: BodyLimits | None,
         config: Config, context: WorkerContext, state: LifespanState,
         budget: ConnectionBudget | None = None, body_timeout: float = DEFAULT_BODY_TIMEOUT,
+        tls: ssl.SSLContext | None = None,
     ) -> None:  # fmt: skip
         self.app = app  # what hypercorn's wrapper calls (the same callable, the same scope)
         self.wrapped = wrapped  # for hypercorn
@@ -241,6 +282,7 @@ class Front:
         self.budget = budget or ConnectionBudget(default_cap(soft_file_limit()))
         # Seconds a request body may go without a byte (OLLAMATRIO_BODY_TIMEOUT).
         self.body_timeout = body_timeout
+        self.tls = tls  # HTTPS: every connection's handshake first (http/tls.py)
 
     def stop(self) -> None:
         """Read no more requests; close the connections waiting for one."""
@@ -260,19 +302,34 @@ class Front:
             client = ""
         try:
             async with self.budget.place(stream) as admitted:
-                if admitted:
+                if admitted and self.tls is not None:
+                    await self.handle_tls(stream, self.tls)
+                elif admitted:
                     await self.handle(stream)
-                else:
+                elif self.tls is None:
                     await refuse(stream)
+                else:  # a 503 would cost a handshake to a client that cannot be served
+                    await trio.aclose_forcefully(stream)
         except* Exception as group:  # Cancelled (shutdown) is no Exception: it goes on
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
             log_connection_error(group, client)
 
-    async def handle(self, stream: trio.SocketStream) -> None:
-        """One accepted connection, for as long as it lives."""
+    async def handle_tls(self, stream: trio.SocketStream, context: ssl.SSLContext) -> None:
+        """One accepted connection on the HTTPS listener: its handshake (in this task, with
+        a deadline), then served as :meth:`handle` serves a plain one."""
+        secure = await handshake(stream, context)
+        if secure is None:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+            return
+        await self.handle(secure)
+
+    async def handle(self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]) -> None:
+        """One accepted connection (after its handshake, on HTTPS), for as long as it lives."""
+        transport = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
         try:
-            connection = _Connection(self, stream)
+            connection = _Connection(self, stream, transport)
         except OSError:  # the client is already gone (getpeername)
             with trio.CancelScope(shield=True):
                 await stream.aclose()
@@ -284,12 +341,17 @@ class Front:
                 await connection.close()
         if handoff:
             self.handoffs += 1
-            replay = ReplayStream(stream, bytes(connection.buffer), self.body_timeout)
+            prefix = bytes(connection.buffer)
+            replay = (
+                TLSReplayStream(stream, prefix, self.body_timeout)
+                if isinstance(stream, trio.SSLStream)
+                else ReplayStream(stream, prefix, self.body_timeout)
+            )
             try:
                 await serve_connection(self.wrapped, self.config, self.context, self.state, replay)
             finally:
                 # Hypercorn closes it, unless its close was cut short: then this does.
-                self.budget.leaving(stream)
+                self.budget.leaving(transport)
                 await replay.aclose()
 
     def idle(self) -> trio.CancelScope:
@@ -303,9 +365,10 @@ class Front:
 class _Connection:
     """A client connection served by the front door, one exchange at a time."""
 
-    def __init__(self, front: Front, stream: trio.SocketStream) -> None:
+    def __init__(self, front: Front, stream: trio.abc.Stream, transport: trio.SocketStream) -> None:
         self.front = front
-        self.stream = stream
+        self.stream = stream  # the transport itself, or TLS over it
+        self.transport = transport  # the TCP connection (its place in the budget)
         self.buffer = bytearray()
         self.handed_off = False
         self.eof = False  # the client closed its side (or the connection broke)
@@ -313,10 +376,13 @@ class _Connection:
         # We answered without reading all the client sent: closing at once could reset the
         # connection (unread data) before the client reads the answer (see close()).
         self.linger = False
-        self.fd = stream.socket.fileno()  # for writes that need not wait (see write())
-        peer = stream.socket.getpeername()
+        # For writes that need not wait (see write()); over TLS every write is encrypted by
+        # the stream, so there is none.
+        self.fd = transport.socket.fileno() if stream is transport else None
+        self.scheme = "http" if stream is transport else "https"
+        peer = transport.socket.getpeername()
         self.client = (peer[0], peer[1])
-        here = stream.socket.getsockname()
+        here = transport.socket.getsockname()
         self.server = (here[0], here[1])
 
     @property
@@ -435,11 +501,15 @@ class _Connection:
         the connection before the client has read the answer."""
         with trio.CancelScope(shield=True):
             if self.linger and not (self.eof or self.broken):
-                with trio.move_on_after(LINGER), contextlib.suppress(trio.BrokenResourceError):
-                    await self.stream.send_eof()
+                with (
+                    trio.move_on_after(LINGER),
+                    contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+                ):
+                    if isinstance(self.stream, trio.abc.HalfCloseableStream):
+                        await self.stream.send_eof()  # (TLS has no half-close)
                     while await self.stream.receive_some(RECEIVE_SIZE):
                         pass
-            self.front.budget.leaving(self.stream)
+            self.front.budget.leaving(self.transport)
             await self.stream.aclose()
 
     async def write(self, data: bytes) -> None:
@@ -452,7 +522,7 @@ class _Connection:
         if self.broken:
             return
         try:
-            sent = os.write(self.fd, data)
+            sent = 0 if self.fd is None else os.write(self.fd, data)
         except BlockingIOError:
             sent = 0
         except OSError:
@@ -476,17 +546,19 @@ async def serve_http(
     shutdown_trigger: Callable[..., Awaitable[None]] | None = None,
     budget: ConnectionBudget | None = None,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    tls: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` (an ASGI app; a :func:`create_app` app gets the front door for its
     generation routes) as ``hypercorn.trio.serve`` does: until ``shutdown_trigger`` returns,
     then running requests get ``config.graceful_timeout`` to finish.  ``budget`` caps the
     client connections held at once (default: from the open file limit, ``http/budget.py``);
-    a request body that sends no byte for ``body_timeout`` seconds is answered 408."""
+    a request body that sends no byte for ``body_timeout`` seconds is answered 408.  With
+    ``tls`` (``http/tls.py``) every listener speaks HTTPS alone."""
     worker = Worker(HeadGuard(app), config)  # the front door checks its own heads
     front = Front(
         app, worker.wrapped, body_limits_of(app), config, worker.context, worker.state, budget,
-        body_timeout,
+        body_timeout, tls,
     )  # fmt: skip
     async with worker.lifespan():
         async with trio.open_nursery() as server_nursery:
@@ -498,7 +570,7 @@ async def serve_http(
             for sock in sockets.insecure_sockets:
                 sock.listen(config.backlog)
                 listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
-                binds.append(f"http://{bind_name(sock)}")
+                binds.append(f"{'https' if tls else 'http'}://{bind_name(sock)}")
             task_status.started(binds)
             try:
                 async with trio.open_nursery() as nursery:

@@ -52,6 +52,8 @@ __all__ = [
 # Attributes of instances are checked by the test on real ones (:data:`ATTRIBUTES`).
 INTERNALS: dict[str, tuple[str, ...] | None] = {
     "hypercorn.trio.tcp_server:TCPServer": ("app", "config", "context", "state", "stream"),
+    # run() takes a stream with do_handshake for TLS (front.TLSReplayStream).
+    "hypercorn.trio.tcp_server:TCPServer.run": (),
     "hypercorn.trio.worker_context:WorkerContext": ("max_requests",),
     "hypercorn.trio.lifespan:Lifespan": ("app", "config", "state"),
     "hypercorn.trio.lifespan:Lifespan.handle_lifespan": ("task_status",),
@@ -162,8 +164,10 @@ async def serve_connection(
 ) -> None:
     """Hypercorn's per-connection server, HTTP/1.1 only (:class:`_HTTP1Server`), on a
     connection accepted elsewhere, until it closes.  ``stream`` needs ``receive_some``,
-    ``send_all``, ``send_eof``, ``aclose`` and a ``socket`` attribute; it is no TLS stream
-    (``TCPServer`` tells them apart by the missing ``do_handshake``).  A
+    ``send_all``, ``send_eof``, ``aclose`` and a ``socket`` attribute; or, for a TLS
+    connection whose handshake is done, ``do_handshake`` (nothing left to do),
+    ``selected_alpn_protocol`` and a ``transport_stream`` with the ``socket``: ``TCPServer``
+    tells TLS streams by ``do_handshake``, and its scope then says ``https``.  A
     :class:`WatchedStream` gets the connection's :class:`BodyWatch`."""
     server = _HTTP1Server(app, config, context, ConnectionState(state.copy()), stream)  # type: ignore[arg-type]
     if isinstance(stream, WatchedStream):
@@ -195,8 +199,8 @@ class _HTTP1Server(TCPServer):
 
     @protocol.setter
     def protocol(self, wrapper: ProtocolWrapper) -> None:
-        # TCPServer.run makes the connection's ProtocolWrapper (HTTP/1 without TLS) and sets
-        # it here before the first read.
+        # TCPServer.run makes the connection's ProtocolWrapper (HTTP/1: over TLS, ALPN
+        # offers http/1.1 alone) and sets it here before the first read.
         self._wrapper = wrapper
         http1 = wrapper.protocol
         assert isinstance(http1, H11Protocol)
