@@ -114,6 +114,9 @@ class Settings:
     # OLLAMATRIO_CORES: the CPU cores the scheduler divides among the runners that are
     # generating (scheduler/core_share.py); 0 = the physical cores this process may use.
     cores: int = 0
+    # OLLAMATRIO_FAIR_SHARE: requests waiting for a model's slot are served round-robin
+    # between principals (scheduler/fair_queue.py); off, first come, first served.
+    fair_share: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -188,6 +191,7 @@ class Settings:
             ),
             prompt_cache_mib=_env_uint(env, "OLLAMATRIO_PROMPT_CACHE", -1),
             cores=_env_uint(env, "OLLAMATRIO_CORES", 0),
+            fair_share=_env_bool(env, "OLLAMATRIO_FAIR_SHARE", True),
         )
 
     @property
