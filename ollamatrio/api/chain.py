@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,12 +66,27 @@ class RequestState:
     client_left: bool = False  # before the answer: the client closed (or half-closed)
     # How a stream that has begun ends when cut short (its encoder's error line or event).
     last_words: Callable[[str, int], bytes] | None = None
+    # Whose request it is, for the scheduler's fair share: the client's address.
+    principal: str = ""
+    # As asked for (X-Priority, or a generation body's field), checked where the scheduler's
+    # request is made (api/priority.py).
+    priority: str = "interactive"
 
 
 def request_state(scope: dict[str, Any]) -> RequestState:
     """The chain's record of the request in ``scope``."""
     state: RequestState = scope[STATE]
     return state
+
+
+# The request the running task serves (and the tasks it starts): for the code that makes the
+# scheduler's request, which is not handed the scope (ApiContext.model_request).
+_current: ContextVar[RequestState | None] = ContextVar("ollamatrio_request", default=None)
+
+
+def current_request() -> RequestState | None:
+    """The chain's record of the request this task serves; None outside a request."""
+    return _current.get()
 
 
 def allow_header(path: str) -> str:
@@ -104,7 +120,8 @@ class Chain:
             return
         method: str = scope["method"]
         path: str = scope["path"]
-        state = RequestState(route_for(method, path))
+        client = scope.get("client") or ("",)
+        state = RequestState(route_for(method, path), principal=client[0] or "")
         scope[STATE] = state
         arrived = trio.current_time()
         origin = host = None
@@ -114,6 +131,8 @@ class Chain:
                 origin = value.decode("latin-1")
             elif name == b"host":
                 host = value.decode("latin-1")
+            elif name == b"x-priority":
+                state.priority = value.decode("latin-1").strip()
         cors = cors_answer(origin, host or "", method, self._origins)
         cors_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in cors.headers]
 
@@ -138,7 +157,11 @@ class Chain:
                 await _answer_empty(chained_send, *refused)
                 return
             with self.drain.guard():
-                await self.app(scope, chained_receive, chained_send)
+                token = _current.set(state)
+                try:
+                    await self.app(scope, chained_receive, chained_send)
+                finally:
+                    _current.reset(token)
         except Exception as exc:  # trio.Cancelled is a BaseException: it passes
             await self._failed(scope, state, exc, chained_send)
         finally:
