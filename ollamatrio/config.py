@@ -125,6 +125,9 @@ class Settings:
     # OLLAMATRIO_FLEET_SECRET: a fleet's hosts require it on every request (the gateway
     # sends it, http/fleet_secret.py); "" = not a fleet's host.  Never in a repr.
     fleet_secret: str = field(default="", repr=False)
+    # OLLAMATRIO_FAIR_SHARE: requests waiting for a model's slot are served round-robin
+    # between principals (scheduler/fair_queue.py); off, first come, first served.
+    fair_share: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -215,6 +218,7 @@ class Settings:
             tls_cert=Path(tls_cert).expanduser() if tls_cert else None,
             tls_key=Path(tls_key).expanduser() if tls_key else None,
             fleet_secret=_var(env, "OLLAMATRIO_FLEET_SECRET"),
+            fair_share=_env_bool(env, "OLLAMATRIO_FAIR_SHARE", True),
         )
 
     @property

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,10 @@ class RequestState:
             self.prompt_tokens, self.prompt_tokens_reused, self.generated_tokens, self.refused
         )
 
+    # As asked for (X-Priority, or a generation body's field), checked where the scheduler's
+    # request is made (api/priority.py).
+    priority: str = "interactive"
+
 
 def request_state(scope: dict[str, Any]) -> RequestState:
     """The chain's record of the request in ``scope``."""
@@ -112,6 +117,16 @@ def chained_state(scope: Any) -> RequestState | None:
     driven without it)."""
     state: RequestState | None = scope.get(STATE)
     return state
+
+
+# The request the running task serves (and the tasks it starts): for the code that makes the
+# scheduler's request, which is not handed the scope (ApiContext.model_request).
+_current: ContextVar[RequestState | None] = ContextVar("ollamatrio_request", default=None)
+
+
+def current_request() -> RequestState | None:
+    """The chain's record of the request this task serves; None outside a request."""
+    return _current.get()
 
 
 def allow_header(path: str) -> str:
@@ -167,6 +182,8 @@ class Chain:
                 origin = value.decode("latin-1")
             elif name == b"host":
                 host = value.decode("latin-1")
+            elif name == b"x-priority":
+                state.priority = value.decode("latin-1").strip()
         cors = cors_answer(origin, host or "", method, self._origins)
         cors_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in cors.headers]
 
@@ -197,7 +214,11 @@ class Chain:
                 return
             try:
                 with self.drain.guard():
-                    await self.app(scope, chained_receive, chained_send)
+                    token = _current.set(state)
+                    try:
+                        await self.app(scope, chained_receive, chained_send)
+                    finally:
+                        _current.reset(token)
             finally:
                 if admitted is not None:  # also when cancelled: synchronous, no checkpoint
                     admitted.done(state.usage().tokens)

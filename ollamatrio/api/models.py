@@ -27,6 +27,8 @@ from ..scheduler import ModelRequest, Scheduler
 from ..store import Model, ModelStore, parse_name
 from ..template import is_go_template
 from ..wire import rfc3339
+from .chain import current_request
+from .priority import checked_priority
 from .responses.store import ResponseStore
 
 if TYPE_CHECKING:
@@ -122,11 +124,15 @@ class ApiContext:
         *,
         embedding: bool = False,
         shift: bool | None = None,
+        cost: int = 1,
     ) -> ModelRequest:
         """The scheduler's request; ``embedding`` asks for a runner in embedding mode (an
         embedding model always gets one; a chat model's runner is reloaded into it once,
-        and then serves both kinds of request)."""
+        and then serves both kinds of request).  Its place in the queue (principal,
+        priority) is the request's this task serves, if any (api/priority.py); ``cost``
+        its prompt's estimated tokens."""
         template = model.template or ""
+        state = current_request()
         return ModelRequest(
             name=model.short_name,
             model_path=str(model.model_path),
@@ -141,6 +147,9 @@ class ApiContext:
             chat_template=template if "{%" in template else None,
             digest=model.digest,
             details=model.details.to_json(),
+            principal=state.principal if state is not None else "",
+            priority=checked_priority(state.priority) if state is not None else "interactive",
+            cost=cost,
         )
 
 

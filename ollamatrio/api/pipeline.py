@@ -23,6 +23,7 @@ from ..store import Model
 from .bodies import merge_options
 from .chain import RequestState
 from .models import ApiContext, capabilities, require, require_for_runner, require_loadable
+from .priority import estimated_cost
 
 
 def refuse_when_queue_full(ctx: ApiContext) -> None:
@@ -76,7 +77,9 @@ async def prepare(ctx: ApiContext, req: GenerateRequest | ChatRequest) -> Prepar
     if isinstance(req, GenerateRequest) and req.suffix:
         require_for_runner(model, caps, "insert")
     options = merge_options(model.params, req.options)
-    model_request = ctx.model_request(model, options, req.keep_alive, caps, shift=req.shift)
+    model_request = ctx.model_request(
+        model, options, req.keep_alive, caps, shift=req.shift, cost=estimated_cost(req)
+    )
     return Prepared(model_request, model, info)
 
 
@@ -114,7 +117,9 @@ async def embed(ctx: ApiContext, req: EmbedRequest, state: RequestState | None =
     caps = capabilities(model, info)
     merged = merge_options(model.params, req.options)
     # Any model can embed: a chat model's runner is loaded (or reloaded) in embedding mode.
-    model_request = ctx.model_request(model, merged, req.keep_alive, caps, embedding=True)
+    model_request = ctx.model_request(
+        model, merged, req.keep_alive, caps, embedding=True, cost=estimated_cost(req)
+    )
     metrics = ctx.metrics
     async with ctx.scheduler.lease(model_request) as lease:
         if metrics is not None:

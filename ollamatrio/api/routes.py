@@ -29,7 +29,7 @@ from ..generation.answer import Fold
 from ..generation.load_lines import announcing_load
 from ..generation.relay import Generation
 from ..wire import JSON, ndjson_line
-from . import blob_upload, progress
+from . import blob_upload, priority, progress
 from .answers import json_response, send_response, v1_json_response
 from .anthropic import handlers as anthropic
 from .bodies import MAX_JSON_BODY, decode_json_object
@@ -155,6 +155,8 @@ class _StreamedRequest:
         body = await self.read_body()
         if body is None:
             return
+        if priority.FIELD in body:  # the body's priority wins over the header's
+            self.state.priority = priority.checked_priority(body[priority.FIELD])
         failure: Exception | None = None
         try:
             async with trio.open_nursery() as nursery:

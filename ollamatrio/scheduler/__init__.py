@@ -1,7 +1,8 @@
 """The scheduler: leases, keep-alive, placement, eviction and the queue.
 
 ``scheduler.py`` holds the front (admission, leases, the placement pass); ``admission.py``
-the records it trades in; ``policy.py`` the placement and eviction decisions;
+the records it trades in; ``fair_queue.py`` a runner's slots, shared fairly between
+principals; ``policy.py`` the placement and eviction decisions;
 ``runner_task.py`` each runner's life; ``vram_recovery.py`` the wait for a stopped
 runner's VRAM; ``runner.py`` one resident model's state; ``placement.py`` where a model
 goes on given devices; ``options.py`` load options; ``events.py`` the event stream.

@@ -19,6 +19,7 @@ import trio
 
 from ..engines.protocol import Engine
 from ..gguf import GGUFInfo
+from .fair_queue import Priority
 from .options import LoadOptions
 from .runner import Runner
 
@@ -39,6 +40,12 @@ class ModelRequest:
     chat_template: str | None = None
     digest: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
+    # Whose request it is (the API key's name, else the client's address) and how urgent:
+    # waiters for a slot are served round-robin between principals, weighted by ``cost``
+    # (the prompt's tokens, estimated), batch behind the same principal's interactive ones.
+    principal: str = ""
+    priority: Priority = "interactive"
+    cost: int = 1
 
     @property
     def key(self) -> str:

@@ -20,6 +20,7 @@ import trio
 
 from ..engines.protocol import Engine
 from ..types import LoadSpec, MemoryUsage
+from .fair_queue import SlotQueue
 from .options import LoadOptions
 from .placement import Placement
 
@@ -76,6 +77,7 @@ class Runner:
         adapters: tuple[str, ...],
         projector: str | None,
         pinned: bool = False,
+        fair_share: bool = True,
     ) -> None:
         self.key = key
         self.name = name
@@ -107,7 +109,8 @@ class Runner:
         self.loaded = trio.Event()  # set once: ready or failed
         self.stopped = False  # its process has exited (it may still wait for its VRAM)
         self.scope = trio.CancelScope()  # the runner task's whole life
-        self.slots = trio.Semaphore(load.num_parallel)
+        # Its parallel slots, shared between principals by deficit round-robin (fair_queue.py).
+        self.slots = SlotQueue(load.num_parallel, fair=fair_share)
         self.load_started = trio.current_time()
         self.load_progress = (0, 0)  # (completed, total) bytes of model data, while loading
         self.loaded_at = -math.inf

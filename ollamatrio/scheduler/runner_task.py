@@ -129,6 +129,7 @@ class RunnerTasks:
             adapters=request.adapters,
             projector=request.projector,
             pinned=configured.pinned,
+            fair_share=settings.fair_share,
         )
         self._runners[runner.key] = runner
         runner.load_progress = (0, pending.info.file_size)

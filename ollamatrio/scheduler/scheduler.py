@@ -13,6 +13,9 @@ Shape (docs/scheduling.md):
   out.  A request that can be served now (it fits in free memory) never waits behind one
   that needs an eviction; requests that need evictions are served in arrival order, and
   the memory they wait for is reserved for them.
+* Requests waiting for a parallel slot of a runner are served round-robin between
+  principals, weighted by each request's cost (``fair_queue.py``); requests waiting for a
+  load (the pending list) are placed in arrival order.
 * Every waiting request, including one waiting for a parallel slot of a loaded model,
   counts against ``OLLAMA_MAX_QUEUE``.
 
@@ -118,10 +121,8 @@ class Scheduler:
         self.core_share.changed()
         try:
             load_duration = max(0.0, runner.loaded_at - started)
-            try:
-                runner.slots.acquire_nowait()
-            except trio.WouldBlock:
-                await self._wait_for_slot(runner)
+            if not runner.slots.try_take():  # fast path: no checkpoint
+                await self._wait_for_slot(runner, request)
             waited = trio.current_time() - started
             try:
                 yield Lease(runner=runner, load_duration=load_duration, waited=waited)
@@ -301,11 +302,11 @@ class Scheduler:
             raise QueueFullError()
         self._waiting += 1
 
-    async def _wait_for_slot(self, runner: Runner) -> None:
+    async def _wait_for_slot(self, runner: Runner, request: ModelRequest) -> None:
         self._admit()
         runner.slot_waiters += 1
         try:
-            await runner.slots.acquire()
+            await runner.slots.take(request.principal, request.priority, request.cost)
         finally:
             runner.slot_waiters -= 1
             self._waiting -= 1
