@@ -20,6 +20,7 @@ import openai
 import pytest
 import trio
 
+from ollamatrio.auth.keys import KeyStore, Limits
 from ollamatrio.config import Settings
 from ollamatrio.engines.simulated import SimulatedBehaviour
 from ollamatrio.fleet.gateway import RunningGateway, error_line, model_of, serve_gateway
@@ -159,6 +160,37 @@ async def test_hosts_with_a_fleet_secret_serve_the_gateway_alone(
                     assert answer.status_code == 200, answer.text
                     assert answer.json()["done"] is True
                     assert (await client.get("/api/ps")).json()["models"]
+
+
+async def test_the_gateway_asks_for_its_own_keys_and_their_quotas(
+    api_server, tiny_gguf, tmp_path
+) -> None:
+    state = tmp_path / "gateway-state"
+    table = KeyStore.in_folder(state)
+    _, user = table.create("user", ["inference"], Limits(rpm=2))
+    _, ops = table.create("ops", ["admin"])
+    generate = {"model": "tiny", "prompt": "hi", "stream": False}
+    with trio.fail_after(30):
+        async with (
+            api_server(behaviour=FAST) as host,
+            gateway([host.url], tmp_path, auth="required", data_dir=state) as gw,
+            httpx.AsyncClient(base_url=gw.url, timeout=10) as client,
+        ):
+            assert (await client.get("/api/version")).status_code == 200  # open
+            refused = await client.post("/api/generate", json=generate)
+            assert refused.status_code == 401
+            assert refused.json() == {"error": "unauthorized"}
+            as_user = {"Authorization": f"Bearer {user}"}
+            answer = await client.post("/api/generate", json=generate, headers=as_user)
+            assert answer.status_code == 200, answer.text
+            delete = {"model": "tiny"}
+            forbidden = await client.request("DELETE", "/api/delete", json=delete, headers=as_user)
+            assert forbidden.status_code == 403
+            assert (await client.get("/api/tags", headers=as_user)).status_code == 200
+            over = await client.get("/api/tags", headers=as_user)  # the third in a minute
+            assert over.status_code == 429
+            assert int(over.headers["retry-after"]) >= 1
+            assert (await client.get("/api/tags", headers={"x-api-key": ops})).status_code == 200
 
 
 async def test_streaming_through_the_openai_sdk(api_server, tiny_gguf, tmp_path) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from socket import socket
 from typing import Any, Final
 
@@ -38,10 +38,12 @@ import trio
 from ..api.anthropic import wire as anthropic_wire
 from ..api.anthropic.stream import MessageEvents
 from ..api.bodies import MAX_JSON_BODY
+from ..api.chain import Chain
 from ..api.native.stream import GenerateLines
 from ..api.openai import wire as openai_wire
 from ..api.openai.stream import ChatEvents
 from ..config import Settings
+from ..http.drain import Drain
 from ..http.fleet_secret import HEADER as FLEET_SECRET
 from ..http.front import serve_http
 from ..http.http1 import LAST_CHUNK, chunk
@@ -354,7 +356,11 @@ async def serve_gateway(
         table = hosts
     else:
         table = HostTable(hosts, fleet_secret=settings.fleet_secret)
-    app = Gateway(table, SizePredictor(settings))
+    # The request chain, as on a server: keys (OLLAMATRIO_AUTH, the gateway's own key table:
+    # one state for the fleet), their quotas, CORS and the Host guard, the access line.  The
+    # fleet secret is what the gateway sends its hosts, not what it asks of clients.
+    front = replace(settings, fleet_secret="")
+    app = Chain(Gateway(table, SizePredictor(settings)), front, Drain(), lambda: None)
     async with trio.open_nursery() as nursery:
         await nursery.start(table.run)
 
