@@ -193,6 +193,37 @@ async def test_the_gateway_asks_for_its_own_keys_and_their_quotas(
             assert (await client.get("/api/tags", headers={"x-api-key": ops})).status_code == 200
 
 
+async def test_the_gateway_charges_a_key_for_the_tokens_its_hosts_answered(
+    api_server, tiny_gguf, tmp_path
+) -> None:
+    state = tmp_path / "gateway-state"
+    table = KeyStore.in_folder(state)
+    _, user = table.create("user", ["inference"], Limits(tpm=10))
+    _, ops = table.create("ops", ["admin"])
+    as_user = {"Authorization": f"Bearer {user}"}
+    generate = {"model": "tiny", "prompt": "hi", "stream": True, "options": {"num_predict": 12}}
+    with trio.fail_after(30):
+        async with (
+            api_server(behaviour=FAST) as host,
+            gateway([host.url], tmp_path, auth="required", data_dir=state) as gw,
+            httpx.AsyncClient(base_url=gw.url, timeout=10) as client,
+        ):
+            answer = await client.post("/api/generate", json=generate, headers=as_user)
+            assert answer.status_code == 200
+            final = json.loads(answer.text.splitlines()[-1])
+            over = await client.post("/v1/chat/completions", headers=as_user, json={
+                "model": "tiny", "messages": [{"role": "user", "content": "x"}]})  # fmt: skip
+            assert over.status_code == 429  # its 12 generated tokens filled the minute's 10
+            assert over.json()["error"]["type"] == "tokens"
+            usage = await client.get("/api/usage", headers={"x-api-key": ops})
+            assert usage.status_code == 200
+            (used,) = [k for k in usage.json()["keys"] if k["name"] == "user"]
+            assert used["since_start"]["generated_tokens"] == final["eval_count"] == 12
+            assert used["since_start"]["prompt_tokens"] + used["since_start"][
+                "prompt_tokens_reused"] == final["prompt_eval_count"]  # fmt: skip
+            assert used["since_start"]["requests"] == 1
+
+
 async def test_streaming_through_the_openai_sdk(api_server, tiny_gguf, tmp_path) -> None:
     with trio.fail_after(30):
         async with fleet(api_server, tiny_gguf, tmp_path) as (_hosts, gw):

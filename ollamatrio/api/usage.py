@@ -64,6 +64,10 @@ class UsageView:
         self.started_at = time.time()
 
     async def usage(self) -> Response:
+        return json_response(await self.document())
+
+    async def document(self) -> dict[str, Any]:
+        """The answer's body (also the fleet gateway's, which serves it without Quart)."""
         await _write(self.ledger, self.store)
         stored = await trio.to_thread.run_sync(self.store.read)
         keys = []
@@ -78,8 +82,7 @@ class UsageView:
                 "since_start": self.ledger.since_start.get(name, Counts()).to_json(),
                 "days": [{"day": day, **counts.to_json()} for day, counts in days.items()],
             })  # fmt: skip
-        body: dict[str, Any] = {"started_at": rfc3339_from_timestamp(self.started_at), "keys": keys}
-        return json_response(body)
+        return {"started_at": rfc3339_from_timestamp(self.started_at), "keys": keys}
 
 
 class KeyUsageSeries(Collector):

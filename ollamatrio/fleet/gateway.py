@@ -38,10 +38,12 @@ import trio
 from ..api.anthropic import wire as anthropic_wire
 from ..api.anthropic.stream import MessageEvents
 from ..api.bodies import MAX_JSON_BODY
-from ..api.chain import Chain
+from ..api.chain import Chain, chained_state
 from ..api.native.stream import GenerateLines
 from ..api.openai import wire as openai_wire
 from ..api.openai.stream import ChatEvents
+from ..api.usage import UsageView, write_usage
+from ..auth.usage import UsageLedger, UsageStore
 from ..config import Settings
 from ..http.drain import Drain
 from ..http.fleet_secret import HEADER as FLEET_SECRET
@@ -53,6 +55,7 @@ from ..serve import hypercorn_config, tls_context
 from . import gateway_fleetwide as fleetwide
 from .gateway_hosts import Host, HostTable, model_key
 from .gateway_sizes import SizePredictor
+from .gateway_tokens import TokenTally
 from .gateway_upstream import HostConnectionError
 from .routing import Choice
 
@@ -121,12 +124,19 @@ def error_line(path: str, content_type: bytes, message: str) -> bytes:
     return ChatEvents("", include_usage=False).error(message, status)
 
 
+USAGE: Final = "/api/usage"  # answered here: the fleet's keys and their usage are the gateway's
+
+
 class Gateway:
     """The gateway's ASGI app."""
 
-    def __init__(self, table: HostTable, sizes: SizePredictor | None = None) -> None:
+    def __init__(
+        self, table: HostTable, sizes: SizePredictor | None = None,
+        usage: UsageView | None = None,
+    ) -> None:  # fmt: skip
         self.table = table
         self.sizes = sizes  # None: every model's size unknown (it fits anywhere)
+        self.usage = usage  # the fleet's keys' usage, kept here (None: keys not asked for)
 
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] == "lifespan":
@@ -141,6 +151,12 @@ class Gateway:
         if method == "GET" and path in fleetwide.FLEETWIDE:
             await fleetwide.answer(self.table, path, receive, send)
             return
+        if method == "GET" and path == USAGE and self.usage is not None:
+            await _answer(send, 200, orjson.dumps(await self.usage.document()))
+            return
+        # The request's key pays for the tokens of the answer (its quota, its usage).
+        state = chained_state(scope)
+        tally = TokenTally() if state is not None and state.key is not None else None
         length = next((v for k, v in headers if k == b"content-length"), None)
         streamed = method == "POST" and path.startswith(_BLOBS)
         body = b""
@@ -184,7 +200,9 @@ class Gateway:
                     self.table.refused(host, attempt)
                     await _discard(host, conn, answer)
                     continue
-                await _relay(host, conn, answer, method, path, receive, send)
+                await _relay(host, conn, answer, method, path, receive, send, tally)
+                if tally is not None and state is not None:
+                    state.tokens_used(*tally.counts())
                 return
 
     async def _target(self, method: str, body: bytes) -> Target:
@@ -289,7 +307,7 @@ async def _discard(host: Host, conn: Connection, answer: ResponseHead) -> None:
 
 async def _relay(
     host: Host, conn: Connection, answer: ResponseHead, method: str, path: str,
-    receive: ASGIReceive, send: ASGISend,
+    receive: ASGIReceive, send: ASGISend, tally: TokenTally | None = None,
 ) -> None:  # fmt: skip
     """The host's answer to the client as it comes; the connection back to the pool when
     the answer was read whole, else closed (the host learns the client left)."""
@@ -308,6 +326,8 @@ async def _relay(
             try:
                 while not reader.done:
                     piece = await reader.next()
+                    if tally is not None:
+                        tally.feed(piece)
                     if piece or reader.done:
                         await send({"type": "http.response.body", "body": piece,
                                     "more_body": not reader.done})  # fmt: skip
@@ -360,9 +380,15 @@ async def serve_gateway(
     # one state for the fleet), their quotas, CORS and the Host guard, the access line.  The
     # fleet secret is what the gateway sends its hosts, not what it asks of clients.
     front = replace(settings, fleet_secret="")
-    app = Chain(Gateway(table, SizePredictor(settings)), front, Drain(), lambda: None)
+    ledger = UsageLedger()
+    usage = UsageView(ledger, UsageStore.in_folder(settings.state_dir))
+    keys = settings.auth == "required"
+    gateway = Gateway(table, SizePredictor(settings), usage if keys else None)
+    app = Chain(gateway, front, Drain(), lambda: None, usage=ledger)
     async with trio.open_nursery() as nursery:
         await nursery.start(table.run)
+        if keys:
+            nursery.start_soon(write_usage, ledger, usage.store)
 
         async def serve(task_status: trio.TaskStatus[list[str]]) -> None:
             await serve_http(
