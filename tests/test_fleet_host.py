@@ -52,6 +52,7 @@ def test_a_host_with_a_fleet_secret_refuses_requests_without_it(tmp_path: Path) 
         assert server.healthy() is None  # its owner's questions carry the secret
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"{server.url}/api/version", timeout=5)
+        refused.value.close()  # the error holds the answer's socket open
         assert refused.value.code == 401
     finally:
         server.stop()
