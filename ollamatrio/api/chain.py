@@ -112,15 +112,9 @@ def request_state(scope: dict[str, Any]) -> RequestState:
     return state
 
 
-def chained_state(scope: Any) -> RequestState | None:
-    """The chain's record of the request in ``scope``, or None where no chain runs (an app
-    driven without it)."""
-    state: RequestState | None = scope.get(STATE)
-    return state
-
-
-# The request the running task serves (and the tasks it starts): for the code that makes the
-# scheduler's request, which is not handed the scope (ApiContext.model_request).
+# The request the running task serves (and the tasks it starts): for the code that is not
+# handed the scope (the scheduler's request in ApiContext.model_request, an embedding's
+# tokens in pipeline.embed, the fleet gateway's relay).
 _current: ContextVar[RequestState | None] = ContextVar("ollamatrio_request", default=None)
 
 

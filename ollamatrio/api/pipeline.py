@@ -21,7 +21,7 @@ from ..gguf import GGUFInfo
 from ..scheduler import ModelRequest
 from ..store import Model
 from .bodies import merge_options
-from .chain import RequestState
+from .chain import current_request
 from .models import ApiContext, capabilities, require, require_for_runner, require_loadable
 from .priority import estimated_cost
 
@@ -105,9 +105,9 @@ class Embedded:
     total_duration: float  # seconds
 
 
-async def embed(ctx: ApiContext, req: EmbedRequest, state: RequestState | None = None) -> Embedded:
+async def embed(ctx: ApiContext, req: EmbedRequest) -> Embedded:
     """Embed ``req.inputs``; no inputs only loads the model.  The tokens are counted in
-    the metrics, and in ``state`` (the request chain's record: the key's usage)."""
+    the metrics, and in the request chain's record of the request (the key's usage)."""
     started = trio.current_time()
     refuse_when_queue_full(ctx)
     model = await ctx.resolve(req.model, scheduled=True)
@@ -131,7 +131,7 @@ async def embed(ctx: ApiContext, req: EmbedRequest, state: RequestState | None =
         )
     if metrics is not None:
         metrics.tokens_counted(lease.runner.name, result.prompt_eval_count)
-    if state is not None:
+    if (state := current_request()) is not None:
         state.tokens_used(result.prompt_eval_count)
     return Embedded(
         result.vectors,

@@ -38,7 +38,7 @@ import trio
 from ..api.anthropic import wire as anthropic_wire
 from ..api.anthropic.stream import MessageEvents
 from ..api.bodies import MAX_JSON_BODY
-from ..api.chain import Chain, chained_state
+from ..api.chain import Chain, current_request
 from ..api.native.stream import GenerateLines
 from ..api.openai import wire as openai_wire
 from ..api.openai.stream import ChatEvents
@@ -155,7 +155,7 @@ class Gateway:
             await _answer(send, 200, orjson.dumps(await self.usage.document()))
             return
         # The request's key pays for the tokens of the answer (its quota, its usage).
-        state = chained_state(scope)
+        state = current_request()
         tally = TokenTally() if state is not None and state.key is not None else None
         length = next((v for k, v in headers if k == b"content-length"), None)
         streamed = method == "POST" and path.startswith(_BLOBS)

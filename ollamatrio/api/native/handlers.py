@@ -22,7 +22,6 @@ from ...wire import rfc3339, rfc3339_from_timestamp
 from .. import pipeline
 from ..answers import empty_response, json_response
 from ..bodies import get_bool, get_model, get_str, read_json
-from ..chain import chained_state
 from ..errors import error_response
 from ..models import ApiContext, show
 from ..plan import Plan, plan_generation
@@ -59,12 +58,12 @@ class OllamaApi:
 
     async def embed(self) -> Response:
         req = native_wire.embed_request(await read_json(request.body))
-        done = await pipeline.embed(self.ctx, req, chained_state(request.scope))
+        done = await pipeline.embed(self.ctx, req)
         return json_response(native_wire.embed_answer(req.model, done))
 
     async def embeddings(self) -> Response:
         req = native_wire.embeddings_request(await read_json(request.body))
-        done = await pipeline.embed(self.ctx, req, chained_state(request.scope))
+        done = await pipeline.embed(self.ctx, req)
         return json_response(native_wire.embeddings_answer(done))
 
     # -- the store --------------------------------------------------------------------

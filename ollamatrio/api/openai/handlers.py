@@ -18,7 +18,6 @@ from ...wire import SSE, SSE_DONE
 from .. import pipeline
 from ..answers import v1_json_response
 from ..bodies import read_json
-from ..chain import chained_state
 from ..models import ApiContext
 from ..plan import Plan, plan_generation
 from ..table import Views, views_of
@@ -43,7 +42,7 @@ class OpenAiApi:
 
     async def embeddings(self) -> Response:
         req = wire.embedding_request(await read_json(request.body))
-        done = await pipeline.embed(self.ctx, req.core, chained_state(request.scope))
+        done = await pipeline.embed(self.ctx, req.core)
         return v1_json_response(
             wire.embedding_list(
                 req.core.model, done.vectors, done.prompt_eval_count, req.encoding_format
