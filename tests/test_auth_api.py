@@ -22,7 +22,8 @@ import trio.testing
 
 from ollamatrio.api.chain import Chain, request_state
 from ollamatrio.api.table import ROUTES, Dialect, Route, Scope
-from ollamatrio.auth.keys import FILE_NAME, KeyStore
+from ollamatrio.auth.keys import KeyStore
+from ollamatrio.auth.state_file import FILE_NAME
 from ollamatrio.config import Settings
 from ollamatrio.http.drain import Drain
 

@@ -18,16 +18,11 @@ import hmac
 import re
 import secrets
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import closing, contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # imported where used: the command line's parser needs SCOPES, not SQLite
-    import sqlite3
+from .state_file import StateTable
 
-FILE_NAME = "auth.sqlite3"
 SECRET_PREFIX = "otk_"  # what every secret starts with, so a leaked one is recognisable
 PREFIX_LENGTH = 8  # characters after SECRET_PREFIX that name a key publicly
 SCOPES = ("inference", "admin", "metrics")
@@ -85,31 +80,10 @@ def prefix_of(secret: str) -> str | None:
     return prefix if len(prefix) == PREFIX_LENGTH else None
 
 
-class KeyStore:
+class KeyStore(StateTable):
     """The key table at ``path`` (created with its folder on first use)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._ready = False
-
-    @classmethod
-    def in_folder(cls, folder: Path) -> KeyStore:
-        return cls(folder / FILE_NAME)
-
-    @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        import sqlite3
-
-        if not self._ready:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with closing(sqlite3.connect(self.path, timeout=30.0)) as db:
-            if not self._ready:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.executescript(_SCHEMA)
-                self.path.chmod(0o600)  # digests only, but nobody else's business
-                self._ready = True
-            with db:
-                yield db
+    SCHEMA = _SCHEMA
 
     def create(
         self, name: str, scopes: Iterable[str], limits: Limits | None = None

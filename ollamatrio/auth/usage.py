@@ -12,18 +12,16 @@ block (sqlite3), so the server calls them off the Trio thread (the writer task i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
 
 if TYPE_CHECKING:
-    import sqlite3
+    pass
 
-from .keys import FILE_NAME
+from .state_file import StateTable
 
 # The causes a request is refused for, as counted.
 UNAUTHORIZED = "unauthorized"  # no key, an unknown or a revoked one (401)
@@ -150,31 +148,10 @@ class UsageLedger:
             self.pending.set()
 
 
-class UsageStore:
+class UsageStore(StateTable):
     """The ``usage`` table at ``path`` (the key table's file; created on first use)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._ready = False
-
-    @classmethod
-    def in_folder(cls, folder: Path) -> UsageStore:
-        return cls(folder / FILE_NAME)
-
-    @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        if not self._ready:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        import sqlite3  # here: a server without keys never loads it (startup imports)
-
-        with closing(sqlite3.connect(self.path, timeout=30.0)) as db:
-            if not self._ready:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.executescript(_SCHEMA)
-                self.path.chmod(0o600)
-                self._ready = True
-            with db:
-                yield db
+    SCHEMA = _SCHEMA
 
     def add(self, rows: dict[tuple[str, str], Counts]) -> None:
         """Add ``rows`` (by key name and day) to the table, in one transaction."""
