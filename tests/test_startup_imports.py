@@ -38,7 +38,7 @@ INTERPRETER_PROBES = frozenset({"sitecustomize", "usercustomize", "org"})
 # Never at start: each is a first-use cost (or, asyncio, not ours to pay under Trio).
 FORBIDDEN = (
     "asyncio", "numpy", "gguf", "quart", "quart_trio", "flask", "werkzeug", "jinja2", "click",
-    "prometheus_client", "httpx", "xllamacpp", "yaml", "sqlite3",
+    "prometheus_client", "httpx", "xllamacpp", "yaml", "sqlite3", "PIL",
     "ollamatrio.template", "ollamatrio.api.app", "ollamatrio.api.routes", "ollamatrio.testing",
 )  # fmt: skip
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
+import struct
 import zlib
 from pathlib import Path
 from typing import Any
@@ -16,16 +18,48 @@ import ollama
 import openai
 import pytest
 import trio
+from PIL import Image
 
 from ollamatrio.engines.process import ProcessEngineFactory
 from ollamatrio.errors import InvalidRequestError
-from ollamatrio.generation.images import check_image
+from ollamatrio.generation.images import MAX_PIXELS, runner_images
+from ollamatrio.generation.requests import ChatRequest, GenerateRequest
 from ollamatrio.gguf import read_gguf
 from ollamatrio.memory import MemoryOptions, estimate, plan_layout, projector_bytes
 from ollamatrio.store import MEDIA_PROJECTOR
 from ollamatrio.testing.tiny_clip import image_tokens, tiny_png, write_tiny_clip
+from ollamatrio.types import CompletionRequest, Message
 
 PNG = base64.b64encode(tiny_png()).decode()
+
+
+def encoded(fmt: str, mode: str = "RGB", size: tuple[int, int] = (8, 8), **save: Any) -> bytes:
+    """A picture (a gradient, so that pixels differ) in ``fmt``, made by Pillow."""
+    picture = Image.new(mode, size)
+    picture.putdata([(x * 30, y * 30, 90, 200)[: len(mode)] for y in range(size[1])
+                     for x in range(size[0])])  # fmt: skip
+    out = io.BytesIO()
+    picture.save(out, fmt, **save)
+    return out.getvalue()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def webp_header(width: int, height: int) -> bytes:
+    """A lossless WebP whose header claims ``width`` x ``height`` pixels, with no pixel data
+    behind it: a decompression bomb's shape, a few dozen bytes for any size."""
+    bits = (width - 1) | (height - 1) << 14  # VP8L: 14 bits each, then alpha and version 0
+    payload = b"\x2f" + struct.pack("<I", bits) + bytes(15)
+    chunk = b"VP8L" + struct.pack("<I", len(payload)) + payload  # of even size, as RIFF asks
+    return b"RIFF" + struct.pack("<I", 4 + len(chunk)) + b"WEBP" + chunk
+
+
+WEBP_BYTES = encoded("WEBP", lossless=True)
+WEBP = b64(WEBP_BYTES)
+BROKEN_WEBP = b64(encoded("WEBP")[:40])  # cut in its bitstream
+BOMB = b64(webp_header(8000, 8000))  # 64 megapixels
 
 
 @pytest.fixture
@@ -65,28 +99,77 @@ def test_the_tiny_png_is_a_png() -> None:
     assert pixels == (b"\x00" + bytes((1, 2, 3)) * 3) * 2
 
 
+async def as_third_image(image: str) -> str:
+    """``image`` as the runner takes it, sent as the third of a request's images."""
+    ready = await runner_images(GenerateRequest("m", images=(PNG, PNG, image)))
+    assert isinstance(ready, GenerateRequest)
+    return ready.images[2]
+
+
 @pytest.mark.parametrize(
     ("image", "message"),
     [
         ("not base64!", "invalid image 3: not valid base64"),
-        (base64.b64encode(b"hello world").decode(), "invalid image 3: not a PNG, JPEG"),
-        ("", "invalid image 3: not a PNG, JPEG"),
-        (
-            base64.b64encode(b"RIFF\x24\x00\x00\x00WEBPVP8 ").decode(),
-            "invalid image 3: WebP is not supported; send it as PNG, JPEG, GIF or BMP",
-        ),
+        (b64(b"hello world"), "invalid image 3: not a PNG, JPEG, GIF, BMP, WebP, "),
+        ("", "invalid image 3: not a PNG, JPEG, GIF, BMP, WebP, "),
+        (b64(b"RIFF\x24\x00\x00\x00WEBPVP8 "), "invalid image 3: broken WebP data"),
+        (BROKEN_WEBP, "invalid image 3: broken WebP data"),
+        (BOMB, f"invalid image 3: a 8000x8000 WebP has more than {MAX_PIXELS} pixels"),
+        # Past Pillow's own bound too, which it checks as it reads the header.
+        (b64(webp_header(16383, 16383)), f"invalid image 3: more than {MAX_PIXELS} pixels"),
     ],
+    ids=["base64", "text", "empty", "webp header", "webp cut", "bomb", "bomb past pillow's"],
 )
-def test_a_broken_image_is_named(image: str, message: str) -> None:
+async def test_a_broken_image_is_named(image: str, message: str) -> None:
     with pytest.raises(InvalidRequestError, match=message):
-        check_image(image, 3)
+        await as_third_image(image)
 
 
 @pytest.mark.parametrize("head", [b"\xff\xd8\xff\xe0", b"GIF89a", b"BM", b"\x89PNG\r\n\x1a\n"])
-def test_image_formats_the_runner_decodes_pass(head: bytes) -> None:
-    check_image(base64.b64encode(head + b"rest").decode())
+async def test_image_formats_the_runner_decodes_pass(head: bytes) -> None:
+    plain = b64(head + b"rest")
     wrapped = base64.encodebytes(head + b"x" * 100).decode()  # line breaks, as Go allows
-    check_image(wrapped)
+    req = GenerateRequest("m", images=(plain, wrapped))
+    assert await runner_images(req) is req  # untouched: nothing decoded them
+
+
+@pytest.mark.parametrize(
+    ("data", "mode", "exact"),
+    [
+        (encoded("WEBP", lossless=True), "RGB", True),
+        (encoded("WEBP", "RGBA", lossless=True), "RGBA", True),
+        (encoded("WEBP", quality=80), "RGB", False),  # lossy: the same size, near pixels
+        (encoded("TIFF"), "RGB", True),
+        (encoded("TIFF", "CMYK"), "RGB", False),  # PNG has no CMYK
+        (encoded("ICO", "RGBA", sizes=[(8, 8)]), "RGBA", True),
+    ],
+    ids=["webp", "webp rgba", "webp lossy", "tiff", "tiff cmyk", "ico"],
+)
+async def test_other_formats_reach_the_runner_as_png(data: bytes, mode: str, exact: bool) -> None:
+    png = base64.b64decode(await as_third_image(b64(data)))
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    with Image.open(io.BytesIO(png)) as seen, Image.open(io.BytesIO(data)) as sent:
+        assert (seen.format, seen.mode, seen.size) == ("PNG", mode, sent.size)
+        if exact:
+            assert seen.tobytes() == sent.convert(mode).tobytes()
+
+
+async def test_only_the_images_that_need_it_are_converted_in_place() -> None:
+    req = ChatRequest(
+        "m",
+        messages=(
+            Message("user", "a", images=(PNG, WEBP)),
+            Message("assistant", "b"),
+            Message("user", "c", images=(WEBP,)),
+        ),
+    )
+    ready = await runner_images(req)
+    assert isinstance(ready, ChatRequest)
+    images = [m.images for m in ready.messages]
+    assert images[0][0] == PNG
+    assert images[1] == ()
+    assert [base64.b64decode(i)[:4] for i in (images[0][1], images[2][0])] == [b"\x89PNG"] * 2
+    assert [m.content for m in ready.messages] == ["a", "b", "c"]
 
 
 # -- the store and the routes (simulated engine) ------------------------------------
@@ -112,6 +195,9 @@ async def test_a_model_created_from_a_model_and_a_projector_has_vision(
 
 
 NO_VISION = '"tiny" does not support vision'
+NOT_AN_IMAGE = "invalid image 1: not a PNG, JPEG, GIF, BMP, WebP, "
+BROKEN = "invalid image 2: broken WebP data"
+TOO_LARGE = f"invalid image 1: a 8000x8000 WebP has more than {MAX_PIXELS} pixels"
 
 
 def chat(model: str, images: list[str]) -> dict[str, Any]:
@@ -124,8 +210,10 @@ def openai_chat(model: str, url: str) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": parts}]}
 
 
-def anthropic_message(model: str, data: str, max_tokens: int = 8) -> dict[str, Any]:
-    source = {"type": "base64", "media_type": "image/png", "data": data}
+def anthropic_message(
+    model: str, data: str, max_tokens: int = 8, media_type: str = "image/png"
+) -> dict[str, Any]:
+    source = {"type": "base64", "media_type": media_type, "data": data}
     blocks = [{"type": "image", "source": source}, {"type": "text", "text": "what?"}]
     return {
         "model": model,
@@ -149,9 +237,9 @@ def responses_input(model: str, url: str) -> dict[str, Any]:
         ("/v1/responses", responses_input("tiny", f"data:image/png;base64,{PNG}"), 400,
          NO_VISION),
         ("/v1/messages", anthropic_message("vis", "aGVsbG8="), 400,
-         "invalid image 1: not a PNG, JPEG, GIF or BMP image"),
+         NOT_AN_IMAGE),
         ("/v1/responses", responses_input("vis", "data:image/png;base64,aGVsbG8="), 400,
-         "invalid image 1: not a PNG, JPEG, GIF or BMP image"),
+         NOT_AN_IMAGE),
         ("/api/generate", {"model": "vis", "prompt": "x", "images": [PNG], "stream": False},
          200, None),
         ("/v1/chat/completions", openai_chat("vis", f"data:image/png;base64,{PNG}"), 200, None),
@@ -161,9 +249,19 @@ def responses_input(model: str, url: str) -> dict[str, Any]:
          NO_VISION),
         ("/api/chat", chat("vis", [PNG, "%%%"]), 400, "invalid image 2: not valid base64"),
         ("/api/generate", {"model": "vis", "prompt": "x", "images": ["aGVsbG8="]}, 400,
-         "invalid image 1: not a PNG, JPEG, GIF or BMP image"),
+         NOT_AN_IMAGE),
         ("/v1/chat/completions", openai_chat("vis", "data:image/png;base64,aGVsbG8="), 400,
-         "invalid image 1: not a PNG, JPEG, GIF or BMP image"),
+         NOT_AN_IMAGE),
+        ("/api/chat", chat("vis", [PNG, BROKEN_WEBP]), 400, BROKEN),
+        ("/api/generate", {"model": "vis", "prompt": "x", "images": [WEBP, BROKEN_WEBP]}, 400,
+         BROKEN),
+        ("/api/chat", chat("vis", [BOMB]), 400, TOO_LARGE),
+        ("/v1/chat/completions", openai_chat("vis", f"data:image/webp;base64,{BOMB}"), 400,
+         TOO_LARGE),
+        ("/v1/messages", anthropic_message("vis", BOMB, media_type="image/webp"), 400,
+         TOO_LARGE),
+        ("/v1/responses", responses_input("vis", f"data:image/webp;base64,{BOMB}"), 400,
+         TOO_LARGE),
     ],
 )  # fmt: skip
 async def test_images_on_every_route(
@@ -182,6 +280,37 @@ async def test_images_on_every_route(
                 assert got["type"] == "invalid_request_error"
                 if path == "/v1/messages":
                     assert r.json()["type"] == "error"
+
+
+def sent_images(request: CompletionRequest | None) -> list[bytes]:
+    """The images a generation request carried to its engine, decoded."""
+    assert request is not None
+    images = [*request.images, *(i for m in request.messages or () for i in m.images)]
+    return [base64.b64decode(i) for i in images]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/generate", {"model": "vis", "prompt": "x", "images": [WEBP], "stream": False}),
+        ("/api/chat", chat("vis", [WEBP])),
+        ("/v1/chat/completions", openai_chat("vis", f"data:image/webp;base64,{WEBP}")),
+        ("/v1/messages", anthropic_message("vis", WEBP, media_type="image/webp")),
+        ("/v1/responses", responses_input("vis", f"data:image/webp;base64,{WEBP}")),
+    ],
+)
+async def test_a_webp_reaches_the_runner_as_png_on_every_route(
+    api_server, tiny_gguf, projector: Path, path: str, body: dict[str, Any]
+) -> None:
+    with trio.fail_after(60):
+        async with api_server() as srv, httpx.AsyncClient(base_url=srv.url, timeout=30) as c:
+            await create_vision_model(srv.url, tiny_gguf(), projector)
+            r = await c.post(path, json=body)
+            assert r.status_code == 200, r.text
+            (png,) = sent_images(srv.engines.engines["vis:latest"].last_request)
+            assert png.startswith(b"\x89PNG\r\n\x1a\n")
+            with Image.open(io.BytesIO(png)) as seen, Image.open(io.BytesIO(WEBP_BYTES)) as sent:
+                assert seen.tobytes() == sent.convert("RGB").tobytes()
 
 
 # -- a real runner ----------------------------------------------------------------
@@ -228,6 +357,23 @@ async def test_an_image_reaches_a_runner_with_the_projector_loaded(
             assert seen_o.usage is not None
             assert plain_o.usage is not None
             assert seen_o.usage.prompt_tokens >= plain_o.usage.prompt_tokens + image_tokens()
+
+
+async def test_a_webp_reaches_a_real_runner(api_server, tiny_gguf, projector: Path) -> None:
+    """llama.cpp's decoder has no WebP: the image's tokens in the prompt show that the runner
+    got a picture it could read."""
+    options = {"num_predict": 1, "temperature": 0}
+    with trio.fail_after(180):
+        async with (
+            api_server(engines=ProcessEngineFactory(load_timeout=60)) as srv,
+            ollama.AsyncClient(host=srv.url) as c,
+        ):
+            await create_vision_model(srv.url, tiny_gguf(), projector)
+            text = {"role": "user", "content": "what is in the picture?"}
+            # The image first: its prompt has no cached prefix beyond the text's.
+            seen = await c.chat("vis", [{**text, "images": [WEBP]}], options=options)
+            plain = await c.chat("vis", [text], options=options)
+            assert seen.prompt_eval_count >= plain.prompt_eval_count + image_tokens()
 
 
 async def test_an_image_block_and_an_input_image_reach_the_runner(

@@ -15,7 +15,7 @@ import trio
 
 from ..errors import QueueFullError
 from ..generation.completion import chat_completion
-from ..generation.images import check_images
+from ..generation.images import runner_images
 from ..generation.requests import ChatRequest, EmbedRequest, GenerateRequest
 from ..gguf import GGUFInfo
 from ..scheduler import ModelRequest
@@ -39,11 +39,13 @@ def refuse_when_queue_full(ctx: ApiContext) -> None:
 @dataclass(frozen=True)
 class Prepared:
     """A generation request's model, checked: what the scheduler is asked for, the stored
-    model and its GGUF header."""
+    model and its GGUF header, and the request as the runner takes it (its images each in
+    a format the runner decodes)."""
 
     model_request: ModelRequest
     model: Model
     info: GGUFInfo
+    request: GenerateRequest | ChatRequest
 
 
 def unloads(req: GenerateRequest | ChatRequest) -> bool:
@@ -69,7 +71,7 @@ async def prepare(ctx: ApiContext, req: GenerateRequest | ChatRequest) -> Prepar
     require(req.model, caps, "completion", "chat" if isinstance(req, ChatRequest) else "generate")
     if req.has_images:
         require(req.model, caps, "vision")
-        check_images(req)
+        req = await runner_images(req)
     if req.think:
         require(req.model, caps, "thinking")
     if isinstance(req, ChatRequest) and req.tools:
@@ -80,7 +82,7 @@ async def prepare(ctx: ApiContext, req: GenerateRequest | ChatRequest) -> Prepar
     model_request = ctx.model_request(
         model, options, req.keep_alive, caps, shift=req.shift, cost=estimated_cost(req)
     )
-    return Prepared(model_request, model, info)
+    return Prepared(model_request, model, info, req)
 
 
 async def count_tokens(ctx: ApiContext, req: ChatRequest) -> int:
@@ -88,7 +90,10 @@ async def count_tokens(ctx: ApiContext, req: ChatRequest) -> int:
     own template and tokenizer (the measure truncation uses); loads the model if needed."""
     prepared = await prepare(ctx, req)
     assert prepared is not None  # a conversation is never an unload request
-    completion = chat_completion(req, prepared.model, prepared.info, prepared.model_request.options)
+    ready = prepared.request  # its images as the runner takes them
+    assert isinstance(ready, ChatRequest)
+    options = prepared.model_request.options
+    completion = chat_completion(ready, prepared.model, prepared.info, options)
     async with ctx.scheduler.lease(prepared.model_request) as lease:
         if ctx.metrics is not None:
             ctx.metrics.lease_taken(lease)

@@ -66,6 +66,7 @@ async def plan_generation(
             return Plan(response=unloaded())
         return Plan(response=json_response(native_wire.done_object(req, "unload")))
     model_request = prepared.model_request
+    req = prepared.request  # its images as the runner takes them
     empty = not req.messages if isinstance(req, ChatRequest) else not (req.prompt or req.images)
     if native and empty:
         lease = await ctx.scheduler.load(model_request)

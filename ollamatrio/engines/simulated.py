@@ -183,6 +183,7 @@ class SimulatedEngine:
         self.completed_streams = 0
         self.prompt_tokens = 0
         self.predicted_tokens = 0
+        self.last_request: CompletionRequest | None = None  # the latest generation, as sent
         self._cached: list[str] = []  # the last prompt and answer, in words (reuse_prompt)
         self.prompt_cache = SimulatedPromptCache(spec.prompt_cache_mib << 20, on_cache_change)
         self._registry = CollectorRegistry(auto_describe=False)
@@ -243,6 +244,7 @@ class SimulatedEngine:
     @asynccontextmanager
     async def complete(self, request: CompletionRequest) -> AsyncIterator[ChunkByChunk]:
         self._check_alive()
+        self.last_request = request
         self.active_streams += 1
         try:
             async with aclosing(self._stream(request)) as chunks:
