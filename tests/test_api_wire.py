@@ -312,6 +312,24 @@ async def test_load_then_unload(api_server) -> None:
             assert srv.engines.loads == 1
 
 
+async def test_an_unload_ends_the_runner_another_name_of_the_same_file_loaded(
+    api_server,
+) -> None:
+    """As Ollama 0.24 (measured, docs/compat.md "Unloading by name"): runners are per model
+    file, so unloading ``tiny`` ends the runner ``tiny2`` (``tiny`` with another num_ctx)
+    loaded, and the answer comes once it has stopped."""
+    with trio.fail_after(20):
+        async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as c:
+            create = {"model": "tiny2", "from": "tiny", "parameters": {"num_ctx": 512}}
+            assert (await c.post("/api/create", json={**create, "stream": False})).is_success
+            await c.post("/api/generate", json={"model": "tiny2"})
+            assert [i.name for i in srv.scheduler.ps()] == ["tiny2:latest"]
+            r = await c.post("/api/generate", json={"model": "tiny", "keep_alive": 0})
+            assert (r.json()["model"], r.json()["done_reason"]) == ("tiny", "unload")
+            assert srv.scheduler.ps() == []
+            assert (await c.get("/api/ps")).json()["models"] == []
+
+
 async def test_embed_empty_input_loads_and_returns_nothing(api_server) -> None:
     with trio.fail_after(20):
         async with api_server() as srv, httpx.AsyncClient(base_url=srv.url) as c:
