@@ -18,7 +18,7 @@ import ollama
 import openai
 import pytest
 import trio
-from PIL import Image
+from PIL import Image, features
 
 from ollamatrio.engines.process import ProcessEngineFactory
 from ollamatrio.errors import InvalidRequestError
@@ -133,19 +133,30 @@ async def test_image_formats_the_runner_decodes_pass(head: bytes) -> None:
     assert await runner_images(req) is req  # untouched: nothing decoded them
 
 
+def codec(name: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(not features.check(name), reason=f"Pillow built without {name}")
+
+
 @pytest.mark.parametrize(
-    ("data", "mode", "exact"),
+    ("fmt", "sent_mode", "save", "mode", "exact"),
     [
-        (encoded("WEBP", lossless=True), "RGB", True),
-        (encoded("WEBP", "RGBA", lossless=True), "RGBA", True),
-        (encoded("WEBP", quality=80), "RGB", False),  # lossy: the same size, near pixels
-        (encoded("TIFF"), "RGB", True),
-        (encoded("TIFF", "CMYK"), "RGB", False),  # PNG has no CMYK
-        (encoded("ICO", "RGBA", sizes=[(8, 8)]), "RGBA", True),
+        ("WEBP", "RGB", {"lossless": True}, "RGB", True),
+        ("WEBP", "RGBA", {"lossless": True}, "RGBA", True),
+        ("WEBP", "RGB", {"quality": 80}, "RGB", False),  # lossy: the same size, near pixels
+        ("TIFF", "RGB", {}, "RGB", True),
+        ("TIFF", "CMYK", {}, "RGB", False),  # PNG has no CMYK
+        ("ICO", "RGBA", {"sizes": [(8, 8)]}, "RGBA", True),
+        pytest.param("AVIF", "RGB", {}, "RGB", False, marks=codec("avif")),
+        pytest.param(
+            "JPEG2000", "RGB", {"irreversible": False}, "RGB", True, marks=codec("jpg_2000")
+        ),
     ],
-    ids=["webp", "webp rgba", "webp lossy", "tiff", "tiff cmyk", "ico"],
+    ids=["webp", "webp rgba", "webp lossy", "tiff", "tiff cmyk", "ico", "avif", "jpeg 2000"],
 )
-async def test_other_formats_reach_the_runner_as_png(data: bytes, mode: str, exact: bool) -> None:
+async def test_other_formats_reach_the_runner_as_png(
+    fmt: str, sent_mode: str, save: dict[str, Any], mode: str, exact: bool
+) -> None:
+    data = encoded(fmt, sent_mode, **save)
     png = base64.b64decode(await as_third_image(b64(data)))
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     with Image.open(io.BytesIO(png)) as seen, Image.open(io.BytesIO(data)) as sent:
