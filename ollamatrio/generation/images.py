@@ -2,12 +2,11 @@
 
 Each must be base64 of an image.  One in a format llama.cpp's decoder (stb_image) reads goes
 to the runner as it came; one in another format that Pillow reads (WebP above all: browsers
-and chat apps hand them out) is decoded here and sent as PNG, as Ollama's Go image decoders
-do for its own engine.  A broken image, or one too large to decode safely, is the client's
-400 naming it, not a runner error after a load.
+and chat apps hand them out) is decoded here and sent as PNG.  A broken image, or one too
+large to decode safely, is the client's 400 naming it, not a runner error after a load.
 
 Pillow is imported on the first image that needs converting, never at start-up, and the
-decoding runs in a worker thread, a few at a time, so the event loop never waits on it.
+decoding runs in a worker thread, two at a time, so the event loop never waits on it.
 """
 
 from __future__ import annotations
