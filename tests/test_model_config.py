@@ -236,6 +236,7 @@ def test_the_example_in_the_docs_parses() -> None:
         preload=True,
         gpus=(0, 1),
         prompt_cache=2048,
+        draft_num_predict=6,
     )
     assert config.lookup("nomic-embed-text:latest") == ModelSettings(
         pinned=True, preload=True, gpus=()
