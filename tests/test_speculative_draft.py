@@ -237,13 +237,15 @@ def test_the_draft_shares_the_first_gpu_only_when_the_whole_model_fits_beside_it
     assert est.total == alone.total + draft  # a CPU-only load holds both
 
     roomy = plan_layout(est, [("gpu0", 1 << 30)])
-    assert roomy.fits_fully and roomy.draft_on_gpu
+    assert roomy.fits_fully
+    assert roomy.draft_on_gpu
     assert roomy.vram == plan_layout(alone, [("gpu0", 1 << 30)]).vram + draft
 
     # Room for the model, not for both: the draft goes to the CPU, the layers stay.
     just = plan_layout(alone, [("gpu0", 1 << 30)]).vram + draft // 2
     tight = plan_layout(est, [("gpu0", just)])
-    assert tight.fits_fully and not tight.draft_on_gpu
+    assert tight.fits_fully
+    assert not tight.draft_on_gpu
     assert tight.host_bytes == plan_layout(alone, [("gpu0", just)]).host_bytes + draft
 
     assert plan_layout(est, [("gpu0", 1 << 30)], num_gpu=0).host_bytes == est.total
@@ -417,8 +419,9 @@ async def test_smollm2_drafting_for_itself_writes_the_same_greedy_text(
             assert r.status_code == 200, r.text
 
             async def generate(model: str) -> str:
+                options = {"temperature": 0, "num_predict": 48, "num_ctx": 512}
                 body = {"model": model, "prompt": prompt, "raw": True, "stream": False,
-                        "options": {"temperature": 0, "num_predict": 48, "num_ctx": 512}}  # fmt: skip
+                        "options": options}  # fmt: skip
                 r = await c.post("/api/generate", json=body)
                 assert r.status_code == 200, r.text
                 text: str = r.json()["response"]
