@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from ollamatrio.gguf import GGML_QUANT_SIZES, ArraySummary, GGMLQuantizationType, GGUFInfo
@@ -24,6 +24,7 @@ __all__ = [
     "Layout",
     "MemoryOptions",
     "ModelProfile",
+    "draft_bytes",
     "estimate",
     "gpu_context_reserve",
     "kv_bytes_per_element",
@@ -118,6 +119,7 @@ class MemoryOptions:
     kv_cache_type: str = "f16"
     flash_attention: bool | None = False
     projector: int = 0  # a vision projector's bytes (:func:`projector_bytes`), 0 without one
+    draft: int = 0  # a draft model's bytes (:func:`draft_bytes`), 0 without one
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +276,9 @@ class Estimate:
     output_buffer: int  # logits (and embeddings) buffer, on the CPU
     overhead: int  # runner process and llama.cpp's vocabulary
     projector: int = 0  # vision projector weights + image encoder graph, on the first device
+    # A draft model for speculative decoding: its weights, KV cache and compute, on the
+    # first device when the whole target fits beside it there, else on the CPU.
+    draft: int = 0
     # llama.cpp's host-RAM prompt cache: slot states kept after they lost their slot.  It
     # grows on demand up to this limit, always on the CPU; it is not counted in ``total``:
     # placement books what the cache holds, as it grows (scheduler/prompt_cache.py).
@@ -313,6 +318,7 @@ class Estimate:
             + self.output_buffer
             + self.overhead
             + self.projector
+            + self.draft
         )
 
 
@@ -389,7 +395,17 @@ def estimate(model: GGUFInfo | ModelProfile, opts: MemoryOptions) -> Estimate:
         output_buffer=outputs,
         overhead=overhead,
         projector=max(0, opts.projector),
+        draft=max(0, opts.draft),
     )
+
+
+def draft_bytes(draft: GGUFInfo | ModelProfile, opts: MemoryOptions) -> int:
+    """A draft model's memory beside its target: llama.cpp gives it its own context of the
+    target's size and slots, so it is its own estimate at the target's options, less the
+    runner's fixed cost, which the target already pays.  (Predicted like a CPU load,
+    also where it goes on a GPU; not calibrated against measured loads.)"""
+    alone = estimate(draft, replace(opts, projector=0, draft=0))
+    return alone.total - RUNNER_OVERHEAD
 
 
 def projector_bytes(info: GGUFInfo) -> int:
@@ -440,6 +456,7 @@ class Layout:
     tensor_split: tuple[float, ...]
     fits_fully: bool  # every layer, output included, is on a GPU
     prompt_cache: int = 0  # the host prompt cache's limit (not in host_bytes: it starts empty)
+    draft_on_gpu: bool = False  # the draft model (if any) is on the first GPU, not the CPU
 
     @property
     def vram(self) -> int:
@@ -474,18 +491,40 @@ def plan_layout(
     bytes of layers.  The output layer is offloaded only together with every block.  Layers are
     spread over the GPUs in proportion to that capacity.  ``num_gpu >= 0`` caps the layer count
     (0: CPU only).
+
+    A draft model (``estimate.draft``) goes on the first GPU, like the projector, when the
+    whole model still fits beside it; otherwise it stays on the CPU and leaves the GPUs to
+    the model's layers.
     """
+    if estimate.draft and gpus and num_gpu != 0:
+        beside = _layout(estimate, gpus, gpu_overhead, num_gpu, reserves, factors, True)
+        if beside.fits_fully:
+            return beside
+    return _layout(estimate, gpus, gpu_overhead, num_gpu, reserves, factors, False)
+
+
+def _layout(
+    estimate: Estimate,
+    gpus: Sequence[tuple[str, int]],
+    gpu_overhead: int,
+    num_gpu: int,
+    reserves: Mapping[str, int] | None,
+    factors: Mapping[str, float] | None,
+    draft_on_gpu: bool,
+) -> Layout:
     reserves = reserves or {}
     factors = factors or {}
     n_blocks = estimate.block_count
     limit = n_blocks + 1 if num_gpu < 0 else min(num_gpu, n_blocks + 1)
+    # What the runner's first GPU holds besides layers and graph (mtmd's and the draft's
+    # default device).
+    first_extra = estimate.projector + (estimate.draft if draft_on_gpu else 0)
     capacity = [
         max(
             0,
             int((free - gpu_overhead - reserves.get(gpu_id, 0)) / factors.get(gpu_id, 1.0))
             - estimate.gpu_graph
-            # The runner's first GPU also holds the projector (mtmd's default device).
-            - (estimate.projector if index == 0 else 0),
+            - (first_extra if index == 0 else 0),
         )
         for index, (gpu_id, free) in enumerate(gpus)
     ]
@@ -519,7 +558,7 @@ def plan_layout(
             model_part = (sum(seq[start : start + count]) + graph) * factors.get(gpu_id, 1.0)
             vram[gpu_id] = int(model_part) + reserves.get(gpu_id, 0)
             if index == first:
-                vram[gpu_id] += estimate.projector
+                vram[gpu_id] += first_extra
             start += count
 
     cpu_blocks = n_blocks - min(placed, n_blocks)
@@ -532,6 +571,7 @@ def plan_layout(
         + estimate.output_buffer
         + estimate.overhead
         + (estimate.projector if first is None else 0)
+        + (0 if draft_on_gpu else estimate.draft)
     )
     return Layout(
         gpu_layers=dict(reversed(gpu_layers.items())),
@@ -541,6 +581,7 @@ def plan_layout(
         tensor_split=tuple(float(c) for c in counts if c),
         fits_fully=full,
         prompt_cache=estimate.prompt_cache,
+        draft_on_gpu=draft_on_gpu and first is not None,
     )
 
 

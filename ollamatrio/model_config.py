@@ -9,6 +9,7 @@
     preload = true            # loaded at start-up, in the background
     gpus = [0]                # GPU indices or ids ("GPU-…"); [] or "cpu": CPU only
     prompt_cache = 512        # host-RAM prompt cache in MiB (0: off; OLLAMATRIO_PROMPT_CACHE)
+    draft_num_predict = 6     # tokens a draft model drafts per step (a request's still wins)
 
     [models.nomic-embed-text]
     pinned = true             # never evicted, never expires
@@ -56,6 +57,7 @@ class ModelSettings:
     # None: any GPU; (): CPU only.
     gpus: tuple[int | str, ...] | None = None
     prompt_cache: int | None = None  # MiB of host-RAM prompt cache; 0 = off
+    draft_num_predict: int | None = None  # default tokens drafted per step; 0 = no drafting
 
     def allows(self, gpu: GpuInfo) -> bool:
         if self.gpus is None:
@@ -199,6 +201,7 @@ def _model_settings(table: Mapping[str, Any]) -> ModelSettings:
         "preload": _bool,
         "gpus": _gpus,
         "prompt_cache": _mib,
+        "draft_num_predict": _count,
     }
     values: dict[str, Any] = {}
     for key, value in table.items():
@@ -224,6 +227,14 @@ def _positive_int(value: object) -> int:
         raise ValueError(f"must be an integer, not {_type_name(value)}")
     if value < 1:
         raise ValueError(f"must be at least 1, not {value}")
+    return value
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"must be an integer, not {_type_name(value)}")
+    if value < 0:
+        raise ValueError(f"must be 0 or more, not {value}")
     return value
 
 

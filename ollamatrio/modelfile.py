@@ -462,6 +462,11 @@ def _local_files(arg: str, base_dir: Path) -> list[Path] | None:
     return None
 
 
+def _looks_like_path(arg: str) -> bool:
+    """A DRAFT argument meant as a file (a missing one is an error, not a model name)."""
+    return arg.startswith((".", "/", "~")) or arg.lower().endswith((".gguf", ".bin"))
+
+
 def _plan(mf: Modelfile, base_dir: Path) -> CreatePlan:
     uploads: dict[Path, BlobUpload] = {}
 
@@ -492,6 +497,9 @@ def _plan(mf: Modelfile, base_dir: Path) -> CreatePlan:
         into = named.setdefault(key, {})
         for arg in args:
             local = _local_files(arg, base_dir)
+            if local is None and kind == "DRAFT" and not _looks_like_path(arg):
+                request["draft"] = arg  # a stored model's name (an extension of Ollama's)
+                continue
             if local is None:
                 raise ModelfileError(f"{kind} {arg}: no such file ({_expand(arg, base_dir)})")
             if kind == "DRAFT" and model_paths.intersection(local):

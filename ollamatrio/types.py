@@ -46,6 +46,14 @@ class LoadSpec:
     # are kept here and restored instead of re-evaluated.  Host memory the placement counts
     # (scheduler/prompt_cache.py decides it); 0 turns the cache off.
     prompt_cache_mib: int = 0
+    # Speculative decoding by a model: ``draft_model`` is a draft model's file (same
+    # vocabulary), ``mtp`` loads the model's own multi-token-prediction heads; either drafts
+    # at most ``draft_num_predict`` tokens per step.  ``draft_gpu_layers``: -1 puts the draft
+    # model on the GPU with the target, 0 keeps it on the CPU.
+    draft_model: str | None = None
+    draft_gpu_layers: int = 0
+    mtp: bool = False
+    draft_num_predict: int = 0
 
 
 @dataclass(frozen=True)

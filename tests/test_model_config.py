@@ -147,7 +147,8 @@ ERRORS = [
     (
         "[models.m]\nnum_paralel = 2\n",
         "models.m.num_paralel: unknown key (expected one of num_parallel, num_ctx, "
-        "keep_alive, pinned, preload, gpus, prompt_cache)",
+        "keep_alive, pinned, preload, gpus, prompt_cache, "
+        "draft_num_predict)",
     ),
     ('[models.m]\nnum_parallel = "2"\n', "models.m.num_parallel: must be an integer, not string"),
     ("[models.m]\nnum_parallel = 0\n", "models.m.num_parallel: must be at least 1, not 0"),
@@ -235,6 +236,7 @@ def test_the_example_in_the_docs_parses() -> None:
         preload=True,
         gpus=(0, 1),
         prompt_cache=2048,
+        draft_num_predict=6,
     )
     assert config.lookup("nomic-embed-text:latest") == ModelSettings(
         pinned=True, preload=True, gpus=()

@@ -402,6 +402,14 @@ def test_plan_reuses_one_upload_for_the_same_file(elsewhere: Path) -> None:
     assert plan.request == {"files": {"m.gguf": sha256(b"m")}}
 
 
+def test_plan_sends_a_draft_that_is_no_file_as_a_model_name(elsewhere: Path) -> None:
+    (elsewhere / "d.gguf").write_bytes(b"d")
+    plan = parse_modelfile("FROM x\nDRAFT smol:135m").to_create_request(elsewhere)
+    assert plan.request == {"from": "x", "draft": "smol:135m"}
+    plan = parse_modelfile("FROM x\nDRAFT ./d.gguf").to_create_request(elsewhere)
+    assert plan.request == {"from": "x", "draft_files": {"d.gguf": sha256(b"d")}}
+
+
 def test_plan_omits_empty_template_and_system(elsewhere: Path) -> None:
     plan = parse_modelfile('FROM x\nSYSTEM ""\nTEMPLATE ""').to_create_request(elsewhere)
     assert plan.request == {"from": "x"}
@@ -409,7 +417,8 @@ def test_plan_omits_empty_template_and_system(elsewhere: Path) -> None:
 
 PLAN_ERRORS = [
     ("missing-adapter", "FROM x\nADAPTER ./nope.gguf", "ADAPTER ./nope.gguf: no such file"),
-    ("missing-draft", "FROM x\nDRAFT nope", "DRAFT nope: no such file"),
+    ("missing-draft", "FROM x\nDRAFT ./nope", "DRAFT ./nope: no such file"),
+    ("missing-draft-gguf", "FROM x\nDRAFT nope.gguf", "DRAFT nope.gguf: no such file"),
     ("draft-same-as-from", "FROM a/m.gguf\nDRAFT ./a/m.gguf", "DRAFT must not reference"),
     ("empty-directory", "FROM empty", "no GGUF files found in directory"),
     ("basename-collision", "FROM a/m.gguf\nFROM b/m.gguf",

@@ -21,6 +21,7 @@ from ..errors import (
     RunnerStartError,
 )
 from ..gguf import ArraySummary, GGUFInfo
+from ..gguf.speculation import has_mtp_heads
 from ..model_info import read_model_info
 from ..modelfile import Message, Modelfile, render_modelfile, render_parameters
 from ..scheduler import ModelRequest, Scheduler
@@ -140,6 +141,7 @@ class ApiContext:
             keep_alive=keep_alive,
             adapters=tuple(str(p) for p in model.adapters),
             projector=str(model.projectors[0]) if model.projectors else None,
+            draft=str(model.drafts[0]) if model.drafts else None,
             embedding_only="embedding" in caps and "completion" not in caps,
             embeddings=embedding,
             shift=shift,
@@ -160,11 +162,13 @@ class Capability(enum.StrEnum):
     INSERT = "insert"
     VISION = "vision"
     THINKING = "thinking"
+    MTP = "mtp"  # not Ollama's: the file carries multi-token-prediction heads
 
 
 def capabilities(model: Model, info: GGUFInfo) -> list[str]:
     """As Ollama derives them: embedding when the GGUF declares a pooling type, else
-    completion; tools/insert/thinking from the template; vision with a projector."""
+    completion; tools/insert/thinking from the template; vision with a projector; and mtp
+    when the file carries multi-token-prediction heads (speculative decoding's drafter)."""
     caps: list[str] = [
         Capability.EMBEDDING if info.pooling_type is not None else Capability.COMPLETION
     ]
@@ -179,6 +183,8 @@ def capabilities(model: Model, info: GGUFInfo) -> list[str]:
         caps.append(Capability.VISION)
     if any(marker.lower() in template for marker in _THINKING_MARKERS):
         caps.append(Capability.THINKING)
+    if has_mtp_heads(info):
+        caps.append(Capability.MTP)
     for extra in model.config.get("capabilities") or ():
         if isinstance(extra, str) and extra not in caps:
             caps.append(extra)
@@ -257,6 +263,7 @@ def modelfile_of(model: Model, template: str | None = None) -> str:
     mf = Modelfile(
         models=(str(model.model_path), *(str(p) for p in model.projectors)),
         adapters=tuple(str(p) for p in model.adapters),
+        drafts=tuple(str(p) for p in model.drafts),
         template=template or model.template,
         system=model.system,
         parameters=dict(model.params),
@@ -289,6 +296,9 @@ async def show(ctx: ApiContext, model: Model, verbose: bool) -> dict[str, Any]:
     if model.projectors:
         projector = await ctx.gguf(str(model.projectors[0]))
         out["projector_info"] = await trio.to_thread.run_sync(model_info, projector, verbose)
+    if model.drafts:  # not Ollama's: the draft model's header, as projector_info
+        draft = await ctx.gguf(str(model.drafts[0]))
+        out["draft_info"] = await trio.to_thread.run_sync(model_info, draft, verbose)
     out["tensors"] = [
         {"name": t.name, "type": t.type.name, "shape": list(t.shape)} for t in info.tensors
     ]

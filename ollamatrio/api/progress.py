@@ -113,8 +113,15 @@ def create(ctx: ApiContext, body: dict[str, Any]) -> Progress:
     if not name:
         raise InvalidRequestError("invalid model name")  # Ollama's words: no name is no valid name
     stream = get_stream(body)
-    files, adapters, parameters = (body.get(k) for k in ("files", "adapters", "parameters"))
-    for key, value in (("files", files), ("adapters", adapters), ("parameters", parameters)):
+    files, adapters, parameters, draft_files = (
+        body.get(k) for k in ("files", "adapters", "parameters", "draft_files")
+    )
+    for key, value in (
+        ("files", files),
+        ("adapters", adapters),
+        ("parameters", parameters),
+        ("draft_files", draft_files),
+    ):
         if value is not None and not isinstance(value, dict):
             raise InvalidRequestError(f"invalid value for {key!r}: expected an object")
     license_ = body.get("license")
@@ -137,6 +144,8 @@ def create(ctx: ApiContext, body: dict[str, Any]) -> Progress:
             renderer=get_str(body, "renderer") or None,
             parser=get_str(body, "parser") or None,
             requires=get_str(body, "requires") or None,
+            draft_files=draft_files,
+            draft=get_str(body, "draft") or None,
         )
 
     return Progress(lambda: thread_steps(start), stream)

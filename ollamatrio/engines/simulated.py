@@ -19,7 +19,7 @@ import json
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import trio
@@ -31,6 +31,7 @@ from ..errors import InvalidRequestError, OutOfMemoryError, RunnerCrashedError, 
 from ..gguf import GGUFInfo
 from ..memory import (
     MemoryOptions,
+    draft_bytes,
     estimate,
     gpu_context_reserve,
     plan_layout,
@@ -373,19 +374,20 @@ class SimulatedEngineFactory:
         return self.models.get(spec.name) or self.models.get(spec.model_path) or self.default
 
     async def _memory(self, spec: LoadSpec, info: GGUFInfo) -> MemoryUsage:
-        est = estimate(
-            info,
-            MemoryOptions(
-                num_ctx=spec.num_ctx,
-                num_parallel=spec.num_parallel,
-                num_batch=spec.num_batch,
-                kv_cache_type=spec.kv_cache_type,
-                flash_attention=spec.flash_attention,
-                projector=projector_bytes(await read_model_info(spec.projector))
-                if spec.projector
-                else 0,
-            ),
+        options = MemoryOptions(
+            num_ctx=spec.num_ctx,
+            num_parallel=spec.num_parallel,
+            num_batch=spec.num_batch,
+            kv_cache_type=spec.kv_cache_type,
+            flash_attention=spec.flash_attention,
+            projector=projector_bytes(await read_model_info(spec.projector))
+            if spec.projector
+            else 0,
         )
+        if spec.draft_model:
+            draft = draft_bytes(await read_model_info(spec.draft_model), options)
+            options = replace(options, draft=draft)
+        est = estimate(info, options)
         if not spec.gpu_ids or spec.num_gpu == 0 or self._devices is None:
             return MemoryUsage(total=est.total)
         inventory = await self._devices.inventory()

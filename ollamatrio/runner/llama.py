@@ -100,4 +100,27 @@ def build_params(config: RunnerConfig, plan: LoadPlan) -> xlc.CommonParams:
         p.mmproj_use_gpu = plan.n_gpu_layers != 0
     if spec.chat_template:
         p.chat_template = spec.chat_template
+    if spec.draft_num_predict > 0 and (spec.draft_model or spec.mtp):
+        draft_by_model(p, config, threads)
     return p
+
+
+def draft_by_model(p: xlc.CommonParams, config: RunnerConfig, threads: int) -> None:
+    """Speculative decoding by a draft model loaded in this process, or by the model's own
+    multi-token-prediction heads: added to whatever other drafters are configured."""
+    spec = config.spec
+    speculative = p.speculative
+    draft = speculative.draft
+    if spec.draft_model:
+        kind = xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE
+        draft.mparams.path = spec.draft_model
+        draft.n_gpu_layers = spec.draft_gpu_layers
+    else:
+        kind = xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_MTP
+        p.load_mtp = True
+    draft.n_max = spec.draft_num_predict
+    if threads > 0:
+        draft.cpuparams.n_threads = threads
+        draft.cpuparams_batch.n_threads = threads
+    none = xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_NONE
+    speculative.types = [t for t in speculative.types if t != none] + [kind]

@@ -34,6 +34,7 @@ class ModelRequest:
     keep_alive: float | None = None  # None: keep the runner's current value
     adapters: tuple[str, ...] = ()
     projector: str | None = None
+    draft: str | None = None  # a draft model's file for speculative decoding
     embedding_only: bool = False  # the model cannot generate (B13: one slot)
     embeddings: bool = False  # the request needs a runner in embedding mode
     shift: bool | None = None  # context shift (B27); None: the default for the model
@@ -78,6 +79,7 @@ class PendingRequest:
         self.info = info
         self.load = load
         self.projector = projector  # the vision projector's predicted bytes, 0 without one
+        self.draft_info: GGUFInfo | None = None  # the draft model's header, when it drafts
         self.runner: Runner | None = None  # set when attached to a (loading or ready) runner
         self.error: BaseException | None = None
         self.decided = trio.Event()

@@ -1,9 +1,9 @@
 """Load-time options: what a request asks of a runner, and when a loaded runner won't do.
 
 Only load-time options matter here (Ollama B26: num_ctx, num_batch, num_gpu, main_gpu,
-use_mmap, num_thread); sampling options never cause a reload.  Whether the runner computes
-embeddings is a load-time choice too (llama.cpp's ``embedding`` flag): a runner loaded with
-it also generates, so it serves every request for its model file.
+use_mmap, num_thread, draft_num_predict); sampling options never cause a reload.  Whether
+the runner computes embeddings is a load-time choice too (llama.cpp's ``embedding`` flag): a
+runner loaded with it also generates, so it serves every request for its model file.
 
 Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
 """
@@ -40,6 +40,9 @@ class LoadOptions:
     num_parallel: int
     context_shift: bool = True  # B27: the request's shift, else on (off for deepseek2)
     embeddings: bool = False  # loaded in embedding mode: it embeds, and generates too
+    # The most tokens a draft model or the model's MTP heads propose per step; 0: no such
+    # drafter is loaded (none in the model, or the ``speculative`` option rules it out).
+    draft_num_predict: int = 0
 
 
 def _int_option(options: Mapping[str, Any], key: str) -> int | None:
@@ -61,6 +64,27 @@ def _bool_option(options: Mapping[str, Any], key: str) -> bool | None:
     if not isinstance(value, bool):
         raise InvalidRequestError(f"option {key} must be of type boolean")
     return value
+
+
+#: Ollama's default ``draft_num_predict`` for a model with a drafter (``api.DefaultOptions``).
+DEFAULT_DRAFT_NUM_PREDICT = 4
+#: ``speculative`` values that let a draft model or MTP heads draft (the option's own
+#: parsing and default, "auto", belong to the n-gram drafting code).
+_MODEL_DRAFTING = (None, "auto", "draft")
+
+
+def draft_num_predict(
+    options: Mapping[str, Any], *, has_drafter: bool, configured: int | None = None
+) -> int:
+    """Ollama's rule: ``draft_num_predict`` (request, model parameter, else ``configured``,
+    the model's TOML value, else 4) where the model has a drafter, else 0; and 0 when the
+    ``speculative`` option says "off" or "ngram"."""
+    requested = _int_option(options, "draft_num_predict")
+    if not has_drafter or options.get("speculative") not in _MODEL_DRAFTING:
+        return 0
+    if requested is None:
+        requested = configured if configured is not None else DEFAULT_DRAFT_NUM_PREDICT
+    return max(0, requested)
 
 
 def default_context_length(configured: int, total_vram: int, gpu_overhead: int = 0) -> int:
@@ -87,12 +111,14 @@ def resolve_load_options(
     architecture: str = "",
     has_projector: bool = False,
     shift: bool | None = None,
+    has_drafter: bool = False,
+    configured_draft_num_predict: int | None = None,
 ) -> LoadOptions:
     """Turn merged request options into what the runner is loaded with (B1, B13, B14, B16, B37).
 
     ``embedding_only``: the model cannot generate (one slot, B13); ``embeddings``: the
     request needs embeddings, so the runner is loaded in embedding mode (always so for an
-    embedding-only model)."""
+    embedding-only model); ``has_drafter``: the model has a draft model or MTP heads."""
     embeddings = embeddings or embedding_only
     requested_ctx = _int_option(options, "num_ctx")
     num_ctx_auto = requested_ctx is None and not context_length_configured
@@ -130,6 +156,9 @@ def resolve_load_options(
         num_parallel=slots,
         context_shift=shift if shift is not None else architecture != "deepseek2",
         embeddings=embeddings,
+        draft_num_predict=draft_num_predict(
+            options, has_drafter=has_drafter, configured=configured_draft_num_predict
+        ),
     )
 
 
@@ -157,4 +186,6 @@ def needs_reload(loaded: LoadOptions, wanted: LoadOptions) -> bool:
         return True  # B25: a load-time choice of llama.cpp's
     if wanted.embeddings and not loaded.embeddings:
         return True
+    if wanted.draft_num_predict != loaded.draft_num_predict:
+        return True  # B26: llama.cpp's --spec-draft-n-max is set at load
     return wanted.num_parallel != loaded.num_parallel

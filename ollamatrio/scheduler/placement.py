@@ -50,6 +50,7 @@ class Placement:
     reserve_by_gpu: dict[str, int] = field(default_factory=dict)
     factor_by_gpu: dict[str, float] = field(default_factory=dict)
     prompt_cache: int = 0  # the host prompt cache's limit, part of host_bytes
+    draft_on_gpu: bool = False  # the draft model (if any) shares the first GPU
 
     @property
     def total(self) -> int:
@@ -77,6 +78,7 @@ def _from_layout(gpus: Sequence[DeviceRoom], layout: Layout) -> Placement:
         reserve_by_gpu={g.id: g.reserve for g in gpus if g.id in used},
         factor_by_gpu={g.id: g.factor for g in gpus if g.id in used},
         prompt_cache=layout.prompt_cache,
+        draft_on_gpu=layout.draft_on_gpu,
     )
 
 

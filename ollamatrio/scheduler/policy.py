@@ -26,7 +26,7 @@ import trio
 from ..config import Settings
 from ..devices import Inventory
 from ..errors import InsufficientMemoryError, ModelLimitError, OllamatrioError, OutOfMemoryError
-from ..memory import Estimate, MemoryOptions, estimate, gpu_context_reserve
+from ..memory import Estimate, MemoryOptions, draft_bytes, estimate, gpu_context_reserve
 from ..model_config import ModelConfig
 from .admission import ModelRequest, PendingRequest
 from .calibration import VramCalibration
@@ -66,6 +66,7 @@ def compatible(runner: Runner, request: ModelRequest, load: LoadOptions) -> bool
         and not needs_reload(runner.load, load)
         and runner.adapters == request.adapters
         and runner.projector == request.projector
+        and runner.spec.draft_model == (request.draft if load.draft_num_predict > 0 else None)
     )
 
 
@@ -106,17 +107,17 @@ def decide(
     all the scheduler holds (unloading ones included); ``reserved`` is the memory promised
     to earlier requests of this pass that wait for evictions."""
     request, load = pending.request, pending.load
-    est = estimate(
-        pending.info,
-        MemoryOptions(
-            num_ctx=load.num_ctx,
-            num_parallel=load.num_parallel,
-            num_batch=load.num_batch,
-            kv_cache_type=settings.kv_cache_type,
-            flash_attention=settings.flash_attention,  # None: auto, as the runner
-            projector=pending.projector,
-        ),
+    options = MemoryOptions(
+        num_ctx=load.num_ctx,
+        num_parallel=load.num_parallel,
+        num_batch=load.num_batch,
+        kv_cache_type=settings.kv_cache_type,
+        flash_attention=settings.flash_attention,  # None: auto, as the runner
+        projector=pending.projector,
     )
+    if pending.draft_info is not None:
+        options = replace(options, draft=draft_bytes(pending.draft_info, options))
+    est = estimate(pending.info, options)
     # The host prompt cache's limit goes to the runner; placement books none of it (the
     # cache starts empty), only what it holds once it grows (prompt_cache.py).
     cache = prompt_cache_bytes(

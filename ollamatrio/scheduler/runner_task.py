@@ -116,6 +116,10 @@ class RunnerTasks:
             projector=request.projector,
             chat_template=request.chat_template,
             prompt_cache_mib=placement.prompt_cache // MiB,
+            draft_model=request.draft if load.draft_num_predict > 0 else None,
+            draft_gpu_layers=-1 if placement.draft_on_gpu else 0,
+            mtp=load.draft_num_predict > 0 and request.draft is None,
+            draft_num_predict=load.draft_num_predict,
         )
         runner = Runner(
             key=request.key,

@@ -51,6 +51,7 @@ from ..errors import (
     SchedulerClosedError,
 )
 from ..gguf import GGUFInfo
+from ..gguf.speculation import has_mtp_heads
 from ..memory import projector_bytes
 from ..model_config import ModelConfig
 from .admission import Lease, ModelRequest, PendingRequest
@@ -256,6 +257,8 @@ class Scheduler:
         if request.projector is not None:
             projector = projector_bytes(await self._read_model(request.projector))
         pending = PendingRequest(request, info, load, projector)
+        if request.draft is not None and load.draft_num_predict > 0:
+            pending.draft_info = await self._read_model(request.draft)
         self._admit()
         self._publish("queued", request.name, request.key, queued=self._queued_for(request.key) + 1)
         try:
@@ -375,6 +378,8 @@ class Scheduler:
             architecture=info.architecture,
             has_projector=request.projector is not None,
             shift=request.shift,
+            has_drafter=request.draft is not None or has_mtp_heads(info),
+            configured_draft_num_predict=configured.draft_num_predict,
         )
 
     def _expire_idle_runners(self) -> None:

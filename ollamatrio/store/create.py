@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import GGUFError, InvalidRequestError, ModelNotFoundError
+from ..errors import GGUFError, InvalidRequestError, ModelNotFoundError, NoSuchModelError
 from ..gguf import DuplicateToken, GGUFInfo, read_gguf
+from ..gguf.speculation import vocabulary_mismatch
 from .manifest import (
     CONFIG_MEDIA_TYPE,
     MEDIA_ADAPTER,
+    MEDIA_DRAFT,
     MEDIA_LICENSE,
     MEDIA_MESSAGES,
     MEDIA_MODEL,
@@ -76,6 +78,7 @@ class CreateRequest:
     licenses: tuple[str, ...]
     messages: tuple[Mapping[str, Any], ...]
     config_extra: Mapping[str, str] = field(default_factory=dict)
+    draft: Draft | None = None
 
     @classmethod
     def validate(
@@ -95,6 +98,8 @@ class CreateRequest:
         renderer: str | None,
         parser: str | None,
         requires: str | None,
+        draft_files: Mapping[str, str] | None = None,
+        draft: str | None = None,
     ) -> CreateRequest:
         target = parse_name(name)
         if quantize:
@@ -112,6 +117,7 @@ class CreateRequest:
         else:
             raise InvalidRequestError(NEITHER_FROM_NOR_FILES)
         adapter_digests = _gguf_digests(store, adapters, adapter=True) if adapters else ()
+        chosen_draft = _draft(store, draft_files, draft, source, file_digests)
         if parameters is not None and not isinstance(parameters, Mapping):
             raise InvalidRequestError("parameters must be an object")
         extra = {
@@ -130,7 +136,80 @@ class CreateRequest:
             licenses=_licenses(license),
             messages=_messages(messages),
             config_extra=extra,
+            draft=chosen_draft,
         )
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The draft model a create stores: its weights' blob, and the model it came from when
+    ``DRAFT`` named a stored model (the layer's ``from``)."""
+
+    digest: str
+    source: str = ""
+    architecture: str = ""
+
+
+def _draft(
+    store: ModelStore,
+    files: Mapping[str, str] | None,
+    name: str | None,
+    source: ModelName | None,
+    file_digests: tuple[str, ...],
+) -> Draft | None:
+    """The request's draft model, checked to share the target's vocabulary (a 400 naming
+    the difference otherwise).  ``draft_files`` (Ollama's field: a GGUF uploaded as a blob)
+    or ``draft`` (a stored model's name; an extension of Ollama's request)."""
+    if files and name:
+        raise InvalidRequestError("give either draft_files or draft, not both")
+    if files:
+        digests = _gguf_digests(store, files, adapter=False)
+        if len(digests) > 1:
+            raise InvalidRequestError("only one draft model file is supported")
+        chosen = Draft(digests[0])
+        label = next(iter(files))
+    elif name:
+        try:
+            model = store.resolve(name)
+        except NoSuchModelError:
+            raise NoSuchModelError(
+                f'draft model "{name}" not found, try pulling it first'
+            ) from None
+        if model.model_path is None:
+            raise InvalidRequestError(f'draft model "{name}" has no model weights')
+        chosen = Draft(_model_layer(model.manifest.layers), model.name.display_shortest)
+        label = name
+    else:
+        return None
+    draft_path = store.blob_path(chosen.digest)
+    draft_info = _read(draft_path)
+    duplicate = _read_tokens(draft_path, draft_info)
+    if duplicate is not None:
+        raise InvalidRequestError(f"invalid draft model file: {duplicate}")
+    if source is not None:
+        target_path = store.resolve(source).model_path
+    else:
+        target_path = store.blob_path(file_digests[0]) if file_digests else None
+    if target_path is not None:
+        mismatch = _checked(draft_path, lambda: vocabulary_mismatch(_read(target_path), draft_info))
+        if mismatch is not None:
+            raise InvalidRequestError(
+                f'draft model "{label}" does not share the model\'s vocabulary: {mismatch}'
+            )
+    return Draft(chosen.digest, chosen.source, draft_info.architecture)
+
+
+def _model_layer(layers: Sequence[Layer]) -> str:
+    return next(layer.digest for layer in layers if layer.media_type == MEDIA_MODEL)
+
+
+def _checked(path: Path, check: Callable[[], str | None]) -> str | None:
+    """``check()``, a damaged token list being a 400 as a damaged header is."""
+    try:
+        return check()
+    except GGUFError as exc:
+        reason = str(exc).removeprefix(f"{path}: ")
+        raise InvalidRequestError(f"{NOT_GGUF}: {reason}") from None
 
 
 def _gguf_digests(store: ModelStore, files: Mapping[str, str], *, adapter: bool) -> tuple[str, ...]:
@@ -216,6 +295,13 @@ def _create_steps(store: ModelStore, request: CreateRequest) -> Iterator[dict[st
             yield {"status": "parsing GGUF"}
             steps.append(_gguf_step(store, digest, pins, adapter=True))
         config_extra.update(request.config_extra)
+        if request.draft is not None:
+            steps = _replace(steps, (MEDIA_DRAFT,))  # one draft: the request's wins
+            steps.append(_draft_step(store, request.draft, pins))
+            config_extra["draft"] = {
+                "model_format": "gguf",
+                "architecture": request.draft.architecture,
+            }
 
         config = _config_from(steps, config_extra)
         if request.template:
@@ -260,7 +346,8 @@ def _from_model(
         info = _read(path) if layer.media_type in _WEIGHTS else None
         new = Layer(layer.media_type, layer.digest, size, model.name.display_shortest, layer.name)
         steps.append(_Step(new, f"using existing layer {layer.digest}", info))
-    extra = {k: model.config[k] for k in ("renderer", "parser", "requires") if model.config.get(k)}
+    kept = ("renderer", "parser", "requires", "draft")
+    extra = {k: model.config[k] for k in kept if model.config.get(k)}
     return steps, extra
 
 
@@ -304,6 +391,14 @@ def _gguf_step(store: ModelStore, digest: str, pins: PinSet, *, adapter: bool) -
         media = MEDIA_MODEL
     layer = Layer(media, digest, path.stat().st_size)
     return _Step(layer, f"using existing layer {digest}", info)
+
+
+def _draft_step(store: ModelStore, draft: Draft, pins: PinSet) -> _Step:
+    if not store.pin_if_present(draft.digest, pins):
+        raise InvalidRequestError(f"blob {draft.digest} not found")
+    size = store.blob_path(draft.digest).stat().st_size
+    layer = Layer(MEDIA_DRAFT, draft.digest, size, draft.source)
+    return _Step(layer, f"using existing layer {draft.digest}")
 
 
 def _text_step(store: ModelStore, media: str, data: bytes, pins: PinSet) -> _Step:
@@ -379,6 +474,8 @@ def create_model(
     renderer: str | None = None,
     parser: str | None = None,
     requires: str | None = None,
+    draft_files: Mapping[str, str] | None = None,
+    draft: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """``/api/create`` at store level: validates now, then yields progress dicts.
 
@@ -400,6 +497,8 @@ def create_model(
         renderer=renderer,
         parser=parser,
         requires=requires,
+        draft_files=draft_files,
+        draft=draft,
     )
     return run_create(store, request)
 

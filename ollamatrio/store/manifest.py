@@ -20,6 +20,7 @@ _IMAGE = "application/vnd.ollama.image."
 MEDIA_MODEL = _IMAGE + "model"
 MEDIA_ADAPTER = _IMAGE + "adapter"
 MEDIA_PROJECTOR = _IMAGE + "projector"
+MEDIA_DRAFT = _IMAGE + "draft"  # a draft model for speculative decoding (Ollama's name)
 MEDIA_TEMPLATE = _IMAGE + "template"
 MEDIA_PROMPT = _IMAGE + "prompt"  # the template's media type in old manifests
 MEDIA_SYSTEM = _IMAGE + "system"
@@ -223,7 +224,7 @@ def config_json(
         "model_type": model_type,
         "file_type": file_type,
     }
-    for key in ("renderer", "parser", "requires"):
+    for key in ("renderer", "parser", "requires", "draft"):
         if extra and extra.get(key):
             body[key] = extra[key]
     body["architecture"] = "amd64"

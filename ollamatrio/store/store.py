@@ -32,6 +32,7 @@ from typing import Any
 from ..errors import InvalidRequestError, ModelNotFoundError, NoSuchModelError, OllamatrioError
 from .manifest import (
     MEDIA_ADAPTER,
+    MEDIA_DRAFT,
     MEDIA_LICENSE,
     MEDIA_MESSAGES,
     MEDIA_MODEL,
@@ -112,6 +113,7 @@ class Model:
     messages: tuple[Mapping[str, Any], ...] = ()
     adapters: tuple[Path, ...] = ()
     projectors: tuple[Path, ...] = ()
+    drafts: tuple[Path, ...] = ()  # draft models for speculative decoding (the first is used)
     size: int = 0  # config and layers, bytes
     modified_at: datetime = field(default_factory=lambda: datetime.now().astimezone())
     details: ModelDetails = field(default_factory=ModelDetails)
@@ -519,7 +521,12 @@ class ModelStore:
             if cached is not None and cached[0] == stamp and cached[2].name == name:
                 _, checked, model = cached
                 if check_blobs and not checked:
-                    for blob in (model.model_path, *model.adapters, *model.projectors):
+                    for blob in (
+                        model.model_path,
+                        *model.adapters,
+                        *model.projectors,
+                        *model.drafts,
+                    ):
                         if blob is not None:
                             blob.stat()  # FileNotFoundError -> model incomplete
                     self._loaded[path] = (stamp, True, model)
@@ -556,10 +563,11 @@ class ModelStore:
         messages: tuple[Mapping[str, Any], ...] = ()
         adapters: list[Path] = []
         projectors: list[Path] = []
+        drafts: list[Path] = []
         for layer in manifest.layers:
             blob = self.blob_path(layer.digest)
             kind = layer.media_type
-            if kind in (MEDIA_MODEL, MEDIA_ADAPTER, MEDIA_PROJECTOR) and check_blobs:
+            if kind in (MEDIA_MODEL, MEDIA_ADAPTER, MEDIA_PROJECTOR, MEDIA_DRAFT) and check_blobs:
                 blob.stat()  # FileNotFoundError -> model incomplete
             if kind == MEDIA_MODEL:
                 model_path, parent = blob, layer.from_
@@ -567,6 +575,8 @@ class ModelStore:
                 adapters.append(blob)
             elif kind == MEDIA_PROJECTOR:
                 projectors.append(blob)
+            elif kind == MEDIA_DRAFT:
+                drafts.append(blob)
             elif kind in (MEDIA_TEMPLATE, MEDIA_PROMPT):
                 template = self.read_blob_text(layer.digest)
             elif kind == MEDIA_SYSTEM:
@@ -603,6 +613,7 @@ class ModelStore:
             messages=messages,
             adapters=tuple(adapters),
             projectors=tuple(projectors),
+            drafts=tuple(drafts),
             size=manifest.size,
             modified_at=datetime.fromtimestamp(mtime).astimezone(),
             details=details,
