@@ -28,7 +28,6 @@ from ..errors import OllamatrioError
 log = logging.getLogger("ollamatrio.store.registry_auth")
 
 _PARAM_RE = re.compile(r'(\w+)="([^"]*)"')
-TOKEN_LIMIT = 64 << 10  # a token answer is a few hundred bytes
 
 
 class RegistryAuthError(OllamatrioError):
@@ -84,7 +83,9 @@ class RegistryAuth(httpx.Auth):
         token_response = yield httpx.Request(
             "GET", realm.copy_merge_params(params), headers={"User-Agent": _agent(request)}
         )
-        body = await _read_limited(token_response)
+        # Read whole (httpx reads it again before the next request): the realm is on the
+        # registry's own host, and its answer is a few hundred bytes.
+        body = await token_response.aread()
         if token_response.status_code >= 400:
             text = body.decode(errors="replace").strip()[:512]
             raise RegistryAuthError(
@@ -98,15 +99,6 @@ class RegistryAuth(httpx.Auth):
 
 def _agent(request: httpx.Request) -> str:
     return str(request.headers.get("User-Agent", "ollamatrio"))
-
-
-async def _read_limited(response: httpx.Response) -> bytes:
-    data = bytearray()
-    async for chunk in response.aiter_bytes():
-        data += chunk
-        if len(data) > TOKEN_LIMIT:
-            raise RegistryAuthError("registry authorization: the token answer is too large")
-    return bytes(data)
 
 
 def _token_of(body: bytes) -> str:

@@ -89,10 +89,11 @@ class FakeRegistry:
 
     Pushes: ``push_faults[method]`` error statuses answered, in order, to that method's
     push requests (``HEAD`` of a blob, ``POST``/``PATCH``/``GET``/``PUT`` of uploads, ``PUT`` of
-    a manifest); ``upload_drops`` byte counts after which a ``PATCH``'s connection is closed
-    (one entry per ``PATCH``, the bytes before it kept); ``upload_stall`` a :class:`Stall`
-    for the next ``PATCH`` body; ``uploads`` the open uploads' bytes and ``bytes_received``
-    every chunk byte that arrived.  (``push_faults["MANIFEST"]`` is the manifest's ``PUT``,
+    a manifest); ``upload_drops`` sizes of an upload at which the ``PATCH`` that reaches them
+    has its connection closed (each used once, in order; the bytes before it kept);
+    ``upload_stall`` a :class:`Stall` whose ``after`` is such a size, where the ``PATCH`` goes
+    quiet; ``uploads`` the open uploads' bytes and ``bytes_received`` every chunk byte that
+    arrived.  (``push_faults["MANIFEST"]`` is the manifest's ``PUT``,
     ``push_faults["PUT"]`` an upload's.)
     """
 
@@ -310,8 +311,7 @@ class FakeRegistry:
         if method == "PATCH":
             return await self._patch(conn, stream, repo, upload_id, data, content_range, reply)
         if method == "PUT":
-            data += body
-            self.bytes_received += len(body)
+            self._receive(data, body)
             digest = parse_qs(query).get("digest", [""])[0]
             if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
                 return await reply(400, _error_body("DIGEST_INVALID", "digest did not match"))
@@ -348,26 +348,26 @@ class FakeRegistry:
         if parsed is not None and int(parsed[1]) != len(data):
             return await reply(416, _error_body("BLOB_UPLOAD_INVALID", "out of order"),
                                self._upload_headers(repo, upload_id))  # fmt: skip
-        drop = self.upload_drops.pop(0) if self.upload_drops else None
-        stall, self.upload_stall = self.upload_stall, None
-        received = 0
         while (chunk := await _next_body_chunk(conn, stream)) is not None:
-            if drop is not None and received + len(chunk) >= drop:
-                kept = chunk[: drop - received]
-                data += kept
-                self.bytes_received += len(kept)
+            end = len(data) + len(chunk)
+            cut = self.upload_drops[0] if self.upload_drops else None
+            stall = self.upload_stall
+            if cut is not None and len(data) < cut <= end:
+                self.upload_drops.pop(0)
+                self._receive(data, chunk[: cut - len(data)])
                 return False  # drop the connection mid-chunk; what came is kept
-            if stall is not None and received + len(chunk) >= stall.after:
-                kept = chunk[: stall.after - received]
-                data += kept
-                self.bytes_received += len(kept)
+            if stall is not None and len(data) < stall.after <= end:
+                self.upload_stall = None
+                self._receive(data, chunk[: stall.after - len(data)])
                 stall.began.set()
                 await trio.sleep(stall.seconds)
                 return False
-            data += chunk
-            received += len(chunk)
-            self.bytes_received += len(chunk)
+            self._receive(data, chunk)
         return await reply(202, b"", self._upload_headers(repo, upload_id))
+
+    def _receive(self, data: bytearray, chunk: bytes) -> None:
+        data += chunk
+        self.bytes_received += len(chunk)
 
     async def _put_manifest(
         self, key: str, body: bytes, reply: Callable[..., Awaitable[bool]]
