@@ -267,7 +267,7 @@ async def test_an_unknown_model_is_not_found(
         {"status": "retrieving manifest"},
         {"status": "couldn't retrieve manifest"},
     ]
-    assert events[2:] == [{"error": f'model "{name}:latest" not found, try pulling it first'}]
+    assert events[2:] == [{"error": f'model "{name}" not found, try pulling it first'}]
     assert registry.requests == []
 
 

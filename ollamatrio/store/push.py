@@ -83,8 +83,8 @@ def start_push(
     model = parse_name(name)
     send, recv = trio.open_memory_channel[Event](buffer)
 
-    async def push() -> None:
-        await run_push(store, model, send, insecure=insecure, client=client, options=options)
+    async def push() -> None:  # the name as given: an error names it so
+        await run_push(store, name, send, insecure=insecure, client=client, options=options)
 
     nursery.start_soon(report_failure, send, "push", model, push)
     return recv
