@@ -180,6 +180,21 @@ async def test_a_stopped_push_is_resumed_by_the_next_one(
     assert registry.manifests[REPO] == store.manifest_path(name).read_bytes()
 
 
+async def test_a_stalled_chunk_is_sent_again_from_the_registrys_range(
+    store: ModelStore, registry: FakeRegistry, name: str
+) -> None:
+    stall = registry.upload_stall = Stall(after=5000, seconds=60)  # then nothing moves
+    options = UploadOptions(
+        chunk_size=FAST.chunk_size, backoff_base=0.01, backoff_max=0.05, stall_timeout=0.5
+    )
+    events = await push(store, name, options)
+    assert stall.began.is_set()
+    assert events[-1] == {"status": "success"}
+    chunks = [r for r in requests_of(registry, "PATCH") if r]
+    assert chunks[0].startswith("5000-")  # the first one went quiet: no answer
+    assert registry.bytes_received == store.read_manifest(name).size
+
+
 async def test_a_transient_server_error_is_retried(
     store: ModelStore, registry: FakeRegistry, name: str
 ) -> None:

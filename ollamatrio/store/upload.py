@@ -217,7 +217,7 @@ class BlobUpload:
         return (await retrying(self.options, what, head)).status_code == 200
 
     def skip(self) -> None:
-        """The registry has the blob: nothing to send."""
+        """The registry has the blob (found there, or sent): nothing more to send."""
         self.location = None
         self.completed = self.total
         self.finished = True

@@ -324,10 +324,12 @@ class FakeRegistry:
     def _upload_headers(
         self, repo: str, upload_id: str, held: str | None = None
     ) -> list[tuple[str, str]]:
-        """Where the upload goes on (a new ``_state`` each time, as distribution's), and
-        how much of it is here (``0--1`` when nothing is, as distribution says)."""
+        """Where the upload goes on (an absolute URL with a new ``_state`` each time, as
+        distribution's: Ollama cannot follow a relative one), and how much of it is here
+        (``0--1`` when nothing is, as distribution says)."""
         size = len(self.uploads[upload_id])
-        location = f"/v2/{repo}/blobs/uploads/{upload_id}?_state={size}"
+        base = f"http://{self.host}:{self.port}"
+        location = f"{base}/v2/{repo}/blobs/uploads/{upload_id}?_state={size}"
         return [
             ("location", location),
             ("range", held if held is not None else f"0-{size - 1}"),
