@@ -33,13 +33,13 @@ import httpx
 import trio
 
 from ..errors import OllamatrioError
-from .download import status_error
 from .manifest import Layer
 
 log = logging.getLogger("ollamatrio.store.upload")
 
 _MB = 1000 * 1000  # Ollama's format.MegaByte
 _RANGE_RE = re.compile(r"(?:bytes=)?0-(-?\d+)")
+ANSWER_LIMIT = 512  # a registry's answers are headers and a short JSON error, if anything
 T = TypeVar("T")
 
 
@@ -77,10 +77,9 @@ def progress_event(digest: str, total: int, completed: int) -> dict[str, Any]:
     return event
 
 
-def unauthorized(what: str, response: httpx.Response) -> PushError:
+def unauthorized(what: str, response: httpx.Response, body: str) -> PushError:
     """A 401 the registry client could not answer (no Bearer challenge, or the token did
     not do): Ollama's "unauthorized: access denied", and what the registry said."""
-    body = response.text.strip()[:512] if response.is_stream_consumed else ""
     challenge = response.headers.get("www-authenticate", "").split(" ", 1)[0]
     asks = f" (the registry asks for {challenge} credentials)" if challenge else ""
     return PushError(f"{what}: unauthorized: access denied{asks}: {body}".rstrip(": "))
@@ -95,19 +94,29 @@ async def registry_request(
     ok: tuple[int, ...],
     **kwargs: Any,
 ) -> httpx.Response:
-    """One request whose answer is small (read whole): one of ``ok``, else a
-    :class:`PushError` (401, other 4xx) or :class:`_Retryable` (5xx, 429, the network)."""
+    """One request whose answer matters by its status and headers: one of ``ok``, else a
+    :class:`PushError` (401, other 4xx) or :class:`_Retryable` (5xx, 429, the network).
+    Of the answer's body only the first ``ANSWER_LIMIT`` bytes are read (for a message)."""
+    body = bytearray()
     try:
-        response = await client.request(method, url, **kwargs)
+        async with client.stream(method, url, **kwargs) as response:
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) >= ANSWER_LIMIT:
+                    break
     except httpx.TransportError as exc:
         raise _Retryable(f"{what}: {exc or type(exc).__name__}") from None
-    if response.status_code in ok:
+    status = response.status_code
+    if status in ok:
         return response
-    if response.status_code == 401:
-        raise unauthorized(what, response)
-    if response.status_code == 429 or response.status_code >= 500:
-        raise _Retryable(status_error(what, response))
-    raise PushError(status_error(what, response))
+    text = body[:ANSWER_LIMIT].decode(errors="replace").strip()
+    if status == 401:
+        raise unauthorized(what, response, text)
+    # Ollama's words (as a pull's): 404 is "file does not exist", else "<code>: <body>".
+    message = f"{what}: file does not exist" if status == 404 else f"{what}: {status}: {text}"
+    if status == 429 or status >= 500:
+        raise _Retryable(message)
+    raise PushError(message)
 
 
 async def retrying(options: UploadOptions, what: str, call: Callable[[], Awaitable[T]]) -> T:
