@@ -160,11 +160,11 @@ async def _push_blob(
     unfinished = _unfinished.setdefault(store, {})
     key = (repo_url, layer.digest)
     upload = BlobUpload(path, layer, repo_url, options, location=unfinished.pop(key, None))
-    if await upload.in_registry(client):
-        upload.skip()  # one line, complete (as Ollama reports a blob the registry has)
-        await send.send(upload.progress())
-        return
     try:
+        if await upload.in_registry(client):
+            upload.skip()  # one line, complete (as Ollama reports a blob the registry has)
+            await send.send(upload.progress())
+            return
         with single_error(PushError):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(upload.run, client)
