@@ -24,7 +24,7 @@ from ollamatrio.errors import InvalidRequestError
 
 NATIVE_POSTS = [
     "/api/generate", "/api/chat", "/api/embed", "/api/embeddings", "/api/show", "/api/create",
-    "/api/copy", "/api/pull",
+    "/api/copy", "/api/pull", "/api/push",
 ]  # fmt: skip
 OPENAI_POSTS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 

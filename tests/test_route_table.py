@@ -23,7 +23,7 @@ from ollamatrio.api.table import (
 
 
 def test_every_streamed_json_route_has_a_handler() -> None:
-    assert {*PLANNERS, "/api/pull"} == set(JSON_STREAM_PATHS)
+    assert {*PLANNERS, "/api/pull", "/api/push"} == set(JSON_STREAM_PATHS)
     uploads = [r for r in ROUTES if r.way is Way.STREAM and r.path not in JSON_STREAM_PATHS]
     assert [r.path for r in uploads] == [blob_upload.ENDPOINT]
 

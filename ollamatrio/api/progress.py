@@ -1,10 +1,10 @@
-"""The progress streams of ``POST /api/pull`` and ``POST /api/create``.
+"""The progress streams of ``POST /api/pull``, ``/api/push`` and ``/api/create``.
 
 They run on the generation routes' exchange (api/routes.py): the route parses and
 checks the body here, then the exchange opens the event source in an ``async with`` for
 exactly as long as it writes, one NDJSON line per event.  Leaving the block (the client
 went, shutdown cut the stream, an error) closes the source in the request's own scope: a
-pull's channel, which stops the pull at its next progress update; a create's store
+pull's or push's channel, which stops it at its next progress update; a create's store
 iterator, which releases the store's pins.
 """
 
@@ -19,6 +19,7 @@ import trio
 
 from ..errors import InvalidRequestError
 from ..store import create_model
+from ..store.push import start_push
 from ..store.registry import start_pull
 from ..wire import NDJSON, ndjson_line
 from .bodies import get_bool, get_list, get_model, get_str, get_stream, merge_options
@@ -104,6 +105,26 @@ def pull(ctx: ApiContext, nursery: Callable[[], trio.Nursery], body: dict[str, A
     stream = get_stream(body)
     insecure = get_bool(body, "insecure", False)
     return Progress(lambda: pull_events(nursery(), ctx, name, insecure), stream, 500)
+
+
+@asynccontextmanager
+async def push_events(
+    nursery: trio.Nursery, ctx: ApiContext, name: str, insecure: bool
+) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
+    """A push running in ``nursery`` (the app's: an upload it leaves unfinished is resumed
+    by the next push); closing the channel on the way out stops it at its next progress
+    update.  An invalid name raises before anything starts."""
+    with start_push(nursery, ctx.store, name, insecure=insecure) as events:
+        yield events
+
+
+def push(ctx: ApiContext, nursery: Callable[[], trio.Nursery], body: dict[str, Any]) -> Progress:
+    """Ollama's PushHandler: progress as NDJSON, or (``"stream": false``) the last event,
+    a failure being 500 with its message."""
+    name = get_model(body)
+    stream = get_stream(body)
+    insecure = get_bool(body, "insecure", False)
+    return Progress(lambda: push_events(nursery(), ctx, name, insecure), stream, 500)
 
 
 def create(ctx: ApiContext, body: dict[str, Any]) -> Progress:

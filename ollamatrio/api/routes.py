@@ -6,7 +6,7 @@ dialect's handler plan it (:mod:`.plan`), and then owns the generation (lease an
 stream) in an ``async with`` for exactly as long as it writes the response, one write per
 engine wake-up.  A watcher in the request's nursery cancels it when the client disconnects,
 which returns the lease and closes the runner connection (llama.cpp stops generating).
-``POST /api/pull`` and ``/api/create`` stream their progress the same way
+``POST /api/pull``, ``/api/push`` and ``/api/create`` stream their progress the same way
 (:mod:`.progress`), and ``POST /api/blobs/<digest>`` is served here too, so that its body is
 pulled piece by piece as the disk takes it (:mod:`.blob_upload`), never queued by Quart.
 
@@ -62,11 +62,12 @@ PLANNERS: dict[str, Planner] = {
     "/api/create": lambda ctx, body, started: _progress(progress.create(ctx, body)),
 }
 _PULL = "/api/pull"
+_PUSH = "/api/push"
 
 
 class StreamRoutes:
     """ASGI: the table's streamed routes (the chain has found the route).  ``nursery``
-    gives the app's nursery, where pulls run."""
+    gives the app's nursery, where pulls and pushes run."""
 
     def __init__(self, ctx: ApiContext, nursery: Callable[[], trio.Nursery]) -> None:
         self.ctx = ctx
@@ -81,11 +82,16 @@ class StreamRoutes:
             await exchange.upload(scope["path"].removeprefix(blob_upload.PREFIX))
         elif route.path == _PULL:
             await exchange.run(self._pull)
+        elif route.path == _PUSH:
+            await exchange.run(self._push)
         else:
             await exchange.run(PLANNERS[route.path])
 
     async def _pull(self, ctx: ApiContext, body: dict[str, Any], started: float) -> Plan:
         return Plan(progress=progress.pull(ctx, self._nursery, body))
+
+    async def _push(self, ctx: ApiContext, body: dict[str, Any], started: float) -> Plan:
+        return Plan(progress=progress.push(ctx, self._nursery, body))
 
 
 class _StreamedRequest:

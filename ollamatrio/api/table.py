@@ -9,7 +9,7 @@ Quart app (:mod:`.app`) which views it registers.  A test holds each of them to 
 
 Each route says which of three ways serves it (:class:`Way`): a Quart view (one-piece
 answers), the streamed routes ahead of Quart (``api/routes.py``: the generations carry every
-token through them, and pull, create and blob uploads stream their progress or body), or
+token through them, and pull, push, create and blob uploads stream their progress or body), or
 the scheduler's event stream (``observability/events.py``).  Whatever the way, the request
 first goes through the one chain of :mod:`.chain`.
 """
@@ -99,6 +99,7 @@ ROUTES: tuple[Route, ...] = (
     _route("/api/generate", "POST", NAT, STREAM),
     _route("/api/chat", "POST", NAT, STREAM),
     _route("/api/pull", "POST", NAT, STREAM),
+    _route("/api/push", "POST", NAT, STREAM),
     _route("/api/create", "POST", NAT, STREAM),
     _route("/v1/completions", "POST", OAI, STREAM),
     _route("/v1/chat/completions", "POST", OAI, STREAM),
@@ -153,6 +154,7 @@ _NATIVE_SCOPES: dict[str, Scope] = {
     "/api/usage": Scope.ADMIN,
     "/api/events": Scope.INFERENCE,
     "/api/pull": Scope.ADMIN,
+    "/api/push": Scope.ADMIN,
     "/api/create": Scope.ADMIN,
     "/api/copy": Scope.ADMIN,
     "/api/delete": Scope.ADMIN,

@@ -79,6 +79,7 @@ _HANDLERS: dict[str, Handler] = {
     "show": _cmd_show,
     "create": lambda c, a: commands.create(c, a.name, a.file, quantize=a.quantize),
     "pull": lambda c, a: commands.pull(c, a.model, insecure=a.insecure),
+    "push": lambda c, a: commands.push(c, a.model, insecure=a.insecure),
     "list": lambda c, a: commands.list_models(c, a.prefix),
     "ps": lambda c, a: commands.list_running(c, a.prefix),
     "stop": lambda c, a: commands.stop(c, a.model),
@@ -128,6 +129,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("model", metavar="MODEL")
 
     p = sub.add_parser("pull", help="Pull a model from a registry")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--insecure", action="store_true", help="Use an insecure registry")
+
+    p = sub.add_parser("push", help="Push a model to a registry")
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--insecure", action="store_true", help="Use an insecure registry")
 

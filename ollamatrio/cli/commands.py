@@ -1,4 +1,4 @@
-"""The model-management commands: list, ps, show, stop, rm, cp, pull, create, version."""
+"""The model-management commands: list, ps, show, stop, rm, cp, pull, push, create, version."""
 
 from __future__ import annotations
 
@@ -237,6 +237,45 @@ def pull(client: Client, model: str, *, insecure: bool = False, err: TextIO | No
                 renderer.feed(event)
     finally:
         progress.stop()
+
+
+# --- push ------------------------------------------------------------------------------
+
+_NOT_YOURS = (
+    "you are not authorized to push to this namespace, create the model under a namespace you own"
+)
+
+
+def push(
+    client: Client,
+    model: str,
+    *,
+    insecure: bool = False,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> None:
+    """``ollama push`` with a bar per layer, drawn from ``/api/push``'s progress events,
+    then where the model is now."""
+    from ollamatrio.store.names import parse_name  # only this command needs the store's
+
+    progress = Progress(err or sys.stderr)
+    renderer = StatusRenderer(progress)
+    try:
+        body: dict[str, Any] = {"model": model}
+        if insecure:
+            body["insecure"] = True
+        with client.stream("/api/push", body) as events:
+            for event in events:
+                renderer.feed(event)
+    except ServerError as exc:
+        reason = str(exc).lower()
+        if "access denied" in reason or "unauthorized" in reason:
+            raise CLIError(_NOT_YOURS) from exc  # Ollama's words
+        raise
+    finally:
+        progress.stop()
+    destination = parse_name(model)  # the server took the name: it parses
+    (out or sys.stdout).write(f"\nYou can find your model at:\n\n\t{destination}\n")
 
 
 # --- create ----------------------------------------------------------------------------

@@ -28,14 +28,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncGenerator, Iterable, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator
 
 import httpx
 import trio
 
 from .._version import __version__
-from ..errors import ModelNotFoundError, OllamatrioError
+from ..errors import ModelNotFoundError
 from .download import (
     BlobDownload,
     DownloadOptions,
@@ -43,9 +42,11 @@ from .download import (
     progress_event,
     status_error,
 )
-from .manifest import MANIFEST_MEDIA_TYPE, Layer, Manifest, StoreError, os_reason
+from .manifest import MANIFEST_MEDIA_TYPE, Layer, Manifest, StoreError
 from .names import ModelName, parse_name
+from .registry_auth import RegistryAuth
 from .store import ModelStore, PinSet
+from .transfer import Event, report_failure, report_until, single_error, unique_layers
 
 __all__ = [
     "DownloadOptions",
@@ -64,8 +65,6 @@ log = logging.getLogger("ollamatrio.store.registry")
 USER_AGENT = f"ollamatrio/{__version__}"
 MANIFEST_LIMIT = 4 << 20  # real manifests are a few KB
 
-Event = dict[str, Any]
-
 # Downloads in progress, per store: a second pull of the same blob follows the first one's
 # progress and takes over if it stops, instead of writing the same partial file.
 _active: weakref.WeakKeyDictionary[ModelStore, dict[str, BlobDownload]] = (
@@ -80,12 +79,14 @@ def registry_url(name: ModelName, *, insecure: bool = False) -> str:
 
 
 def open_registry_client(*, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
-    """An ``AsyncClient`` for registries: no read timeout (stalls are detected per part)."""
+    """An ``AsyncClient`` for registries: no read timeout (stalls are detected per part),
+    and the registry's token handshake answered (:mod:`.registry_auth`)."""
     return httpx.AsyncClient(
         transport=transport,
         timeout=httpx.Timeout(None, connect=30.0),
         follow_redirects=True,
         headers={"User-Agent": USER_AGENT},
+        auth=RegistryAuth(),
     )
 
 
@@ -136,7 +137,7 @@ async def pull_progress(
     """
     model = parse_name(name)
     send, recv = trio.open_memory_channel[Event](0)
-    with _single_error():
+    with single_error(PullError):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_run_closing, send, store, model, insecure, client, options)
             with recv:
@@ -187,26 +188,10 @@ async def _pull_task(
     client: httpx.AsyncClient | None,
     options: DownloadOptions | None,
 ) -> None:
-    with send:
-        error: str | None = None
-        try:
-            await run_pull(store, model, send, insecure=insecure, client=client, options=options)
-        except trio.BrokenResourceError:
-            log.info("pull of %s stopped: nobody is listening", model.display_shortest)
-        except OllamatrioError as exc:
-            error = str(exc)
-        except Exception as exc:  # a pull must never take the app's nursery down with it
-            log.exception("pull of %s failed", model.display_shortest)
-            # An OS error's file names are the server's paths: the log has them, not the client.
-            error = (
-                f"{type(exc).__name__}: {exc}"
-                if not isinstance(exc, OSError)
-                else f"pull {model.display_shortest}: {os_reason(exc)}"
-            )
-        if error is not None:
-            log.info("pull of %s failed: %s", model.display_shortest, error)
-            with contextlib.suppress(trio.BrokenResourceError):
-                await send.send({"error": error})
+    async def pull() -> None:
+        await run_pull(store, model, send, insecure=insecure, client=client, options=options)
+
+    await report_failure(send, "pull", model, pull)
 
 
 async def run_pull(
@@ -239,7 +224,7 @@ async def run_pull(
         owned: list[BlobDownload] = []
         with store.pinned() as pins:
             try:
-                for layer in _unique(manifest.all_layers()):
+                for layer in unique_layers(manifest.all_layers()):
                     url = f"{blobs_url}/{layer.digest}"
                     download = await _pull_blob(store, layer, url, client, pins, send, options)
                     if download is not None:
@@ -281,17 +266,17 @@ async def _pull_blob(
         other = active.get(layer.digest)
         if other is None:
             break
-        await _report_until(other, send, lambda d: d.released.is_set())
+        await report_until(other, send, _released, options.heartbeat)
         # The other pull is done with it: present now, or ours to take over.
 
     download = BlobDownload(store, layer.digest, layer.size, options)
     active[layer.digest] = download  # claimed with no checkpoint since the check above
     try:
         await trio.to_thread.run_sync(download.prepare)
-        with _single_error():
+        with single_error(PullError):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(download.run, client, url)
-                await _report_until(download, send, lambda d: d.finished)
+                await report_until(download, send, _finished, options.heartbeat)
     except BaseException:
         active.pop(layer.digest, None)
         download.release()
@@ -299,38 +284,12 @@ async def _pull_blob(
     return download
 
 
-async def _report_until(
-    download: BlobDownload, send: trio.MemorySendChannel[Event], done: Any
-) -> None:
-    """Send ``download``'s progress on every change, up to the state where ``done(download)``.
-
-    A slow reader gets the latest numbers, never a backlog: the download goes on while
-    this waits on ``send``.  While nothing changes the numbers are repeated every
-    ``heartbeat`` seconds (Ollama repeats them every 60 ms), so a closed channel is seen.
-    """
-    last: Event | None = None
-    while True:
-        # Both read before any await: a change during the send sets ``changed``, and the
-        # event sent last is the one read after ``done`` became true.
-        changed, finished = download.changed, done(download)
-        event = download.progress()
-        if event != last:
-            await send.send(event)
-            last = event
-        if finished:
-            return
-        with trio.move_on_after(download.options.heartbeat) as idle:
-            await changed.wait()
-        if idle.cancelled_caught:
-            last = None
+def _released(download: BlobDownload) -> bool:
+    return download.released.is_set()
 
 
-def _unique(layers: Iterable[Layer]) -> Iterator[Layer]:
-    seen: set[str] = set()
-    for layer in layers:
-        if layer.digest not in seen:
-            seen.add(layer.digest)
-            yield layer
+def _finished(download: BlobDownload) -> bool:
+    return download.finished
 
 
 def _existing_digests(store: ModelStore, model: ModelName) -> set[str]:
@@ -341,31 +300,3 @@ def _existing_digests(store: ModelStore, model: ModelName) -> set[str]:
     except (StoreError, OSError) as exc:
         log.warning("pulling %s over an unreadable manifest: %s", model, exc)
         return set()
-
-
-@contextlib.contextmanager
-def _single_error() -> Iterator[None]:
-    """Turn a nursery's group of ordinary errors into one error a caller can catch.
-
-    A lone error is re-raised as itself; several become one :class:`PullError` listing
-    them.  Groups holding ``Cancelled`` or ``KeyboardInterrupt`` pass through untouched.
-    A ``GeneratorExit`` beside errors is dropped: a generator closed while its downloads
-    failed reports the failure (``trio.as_safe_channel`` expects exactly that).
-    """
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        leaves = [leaf for leaf in _leaves(group) if not isinstance(leaf, GeneratorExit)]
-        if not leaves or not all(isinstance(leaf, Exception) for leaf in leaves):
-            raise
-        if len(leaves) == 1:
-            raise leaves[0] from None
-        raise PullError("; ".join(dict.fromkeys(str(leaf) for leaf in leaves))) from group
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc

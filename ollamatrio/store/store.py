@@ -434,6 +434,17 @@ class ModelStore:
             raise not_found(str(name) if isinstance(name, str) else model_name.display_shortest)
         return self._read_manifest(found[1])[0]
 
+    def read_manifest_bytes(self, name: str | ModelName) -> tuple[ModelName, bytes, Manifest]:
+        """The stored name (its spelling on disk), manifest bytes and parsed manifest for
+        ``name``, as a push sends them; ModelNotFoundError if there is none."""
+        model_name = parse_name(name)
+        found = self._find(model_name)
+        if found is None:
+            raise not_found(str(name) if isinstance(name, str) else model_name.display_shortest)
+        stored, path = found
+        data = self._confined(path).read_bytes()
+        return stored, data, Manifest.parse(data)
+
     def write_manifest(self, name: str | ModelName, manifest: Manifest | bytes) -> str:
         """Write a manifest atomically; returns the hex digest of the bytes written.
 

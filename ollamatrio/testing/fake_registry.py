@@ -7,6 +7,16 @@ the failures a real network has: a connection dropped after N bytes, a corrupt b
 stall, slow chunks, a redirect to another host (as registries redirect to a CDN).  It
 counts requests and body bytes per blob, so tests can check what a resume fetched.
 
+It takes pushes as Docker's registry (distribution) does: ``POST .../blobs/uploads/`` opens
+an upload (202, ``Location``), ``PATCH`` appends a chunk (``Content-Range: <start>-<end>``,
+which must start where the upload stands, else 416), ``GET`` on the upload says how far it
+is (204, ``Range: 0-<last byte>``), ``PUT ...?digest=`` completes it (201, the digest
+checked), and ``PUT .../manifests/<tag>`` publishes a manifest whose blobs it has.  A chunk
+whose connection drops keeps the bytes that arrived, as distribution's do.  With ``token``
+set, every ``/v2/`` request needs ``Authorization: Bearer <token>``; the 401 names a realm
+on this server that hands the token out (the Docker token handshake), or none at all when
+``token_realm`` is false (a registry the client has no way to satisfy).
+
 ::
 
     registry = FakeRegistry()
@@ -22,17 +32,22 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import h11
 import trio
 
-from ..store.manifest import CONFIG_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, Layer, Manifest
+from ..store.manifest import CONFIG_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, Layer, Manifest, StoreError
 
 _PATH_RE = re.compile(r"/v2/(?P<repo>[^/]+/[^/]+)/(?P<kind>manifests|blobs)/(?P<ref>[^/]+)")
+_UPLOAD_RE = re.compile(r"/v2/(?P<repo>[^/]+/[^/]+)/blobs/uploads/(?P<id>[^/]*)")
+_CONTENT_RANGE_RE = re.compile(r"(\d+)-(\d+)")
+_TOKEN_PATH = "/token"
 _DIRECT_RE = re.compile(r"/direct/(?P<ref>sha256:[0-9a-f]{64})")
 _RANGE_RE = re.compile(r"bytes=(\d+)-(\d*)")
 _CHUNK = 64 << 10
@@ -71,6 +86,15 @@ class FakeRegistry:
     blob requests answer 307 to ``/direct/<digest>`` on that host name (e.g. "localhost",
     another name for this server, like a CDN), and ``ignore_range`` answers 200 with the
     whole blob whatever the ``Range``.
+
+    Pushes: ``push_faults[method]`` error statuses answered, in order, to that method's
+    push requests (``HEAD`` of a blob, ``POST``/``PATCH``/``GET``/``PUT`` of uploads, ``PUT`` of
+    a manifest); ``upload_drops`` sizes of an upload at which the ``PATCH`` that reaches them
+    has its connection closed (each used once, in order; the bytes before it kept);
+    ``upload_stall`` a :class:`Stall` whose ``after`` is such a size, where the ``PATCH`` goes
+    quiet; ``uploads`` the open uploads' bytes and ``bytes_received`` every chunk byte that
+    arrived.  (``push_faults["MANIFEST"]`` is the manifest's ``PUT``,
+    ``push_faults["PUT"]`` an upload's.)
     """
 
     host: str = "127.0.0.1"
@@ -83,6 +107,13 @@ class FakeRegistry:
     chunk_delay: float = 0.0
     redirect_to_host: str | None = None
     ignore_range: bool = False
+    push_faults: dict[str, list[int]] = field(default_factory=dict)
+    upload_drops: list[int] = field(default_factory=list)
+    upload_stall: Stall | None = None
+    token: str | None = None
+    token_realm: bool = True
+    uploads: dict[str, bytearray] = field(default_factory=dict)
+    bytes_received: int = 0
     requests: list[RequestRecord] = field(default_factory=list)
     bytes_served: Counter[str] = field(default_factory=Counter)
     active_streams: int = 0  # blob bodies being sent right now...
@@ -172,6 +203,8 @@ class FakeRegistry:
                 keep_open = await self._respond(conn, stream, request)
                 if not keep_open or conn.our_state is not h11.DONE:
                     return
+                if conn.their_state is not h11.DONE:
+                    return  # a body left unread: this connection is done
                 conn.start_next_cycle()
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
             return
@@ -180,12 +213,17 @@ class FakeRegistry:
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request
     ) -> bool:
         method = request.method.decode()
-        path = request.target.decode().split("?", 1)[0]
+        path, _, query = request.target.decode().partition("?")
         headers = {k.decode().lower(): v.decode() for k, v in request.headers}
-        range_header = headers.get("range")
+        range_header = headers.get("range") or headers.get("content-range")
+        upload = _UPLOAD_RE.fullmatch(path)
+        streamed = method == "PATCH" and upload is not None
+        body = b"" if streamed else await _read_body(conn, stream)
 
         async def reply(status: int, body: bytes, extra: Sequence[tuple[str, str]] = ()) -> bool:
             self.requests.append(RequestRecord(method, path, range_header, status))
+            if streamed and conn.their_state is not h11.DONE:
+                await _read_body(conn, stream)  # an answer before the chunk: drain it
             hdrs = [("content-length", str(len(body))), *extra]
             await stream.send_all(conn.send(h11.Response(status_code=status, headers=hdrs)))
             if method != "HEAD":
@@ -193,18 +231,31 @@ class FakeRegistry:
             await stream.send_all(conn.send(h11.EndOfMessage()))
             return True
 
+        if path == _TOKEN_PATH and method == "GET":
+            token = json.dumps({"token": self.token, "access_token": self.token}).encode()
+            return await reply(200, token, [("content-type", "application/json")])
+        authorized = headers.get("authorization") == f"Bearer {self.token}"
+        if self.token is not None and path.startswith("/v2/") and not authorized:
+            unauthorized = _error_body("UNAUTHORIZED", "authentication required")
+            return await reply(401, unauthorized, [("www-authenticate", self._challenge(path))])
+        if upload is not None:
+            return await self._upload(
+                conn, stream, method, upload, query, body, headers.get("content-range"), reply
+            )
+        direct = _DIRECT_RE.fullmatch(path)
+        match = _PATH_RE.fullmatch(path)
+        if method == "PUT" and match is not None and match["kind"] == "manifests":
+            return await self._put_manifest(f"{match['repo']}:{match['ref']}".lower(), body, reply)
         if method not in ("GET", "HEAD"):
             return await reply(405, b"")
         if path == "/v2/":
             return await reply(200, b"{}", [("content-type", "application/json")])
-        direct = _DIRECT_RE.fullmatch(path)
-        match = _PATH_RE.fullmatch(path)
         if direct is None and match is None:
             return await reply(404, _error_body("NAME_UNKNOWN", "repository name not known"))
         key = (direct or match)["ref"]  # type: ignore[index]
         if match is not None and match["kind"] == "manifests":
             key = f"{match['repo']}:{match['ref']}".lower()
-        faults = self.status_faults.get(key) if method == "GET" else None
+        faults = self.status_faults.get(key) if method == "GET" else self.push_faults.get(method)
         if faults:
             status = faults.pop(0)
             return await reply(status, _error_body("INJECTED", f"injected {status}"))
@@ -221,6 +272,122 @@ class FakeRegistry:
             location = f"http://{self.redirect_to_host}:{self.port}/direct/{digest}"
             return await reply(307, b"", [("location", location)])
         return await self._send_blob(conn, stream, method, path, range_header, digest, source)
+
+    def _challenge(self, path: str) -> str:
+        if not self.token_realm:
+            return 'Basic realm="fake registry"'
+        match = _PATH_RE.match(path) or _UPLOAD_RE.match(path)
+        scope = f',scope="repository:{match["repo"]}:pull,push"' if match else ""
+        realm = f"http://{self.host}:{self.port}{_TOKEN_PATH}"
+        return f'Bearer realm="{realm}",service="fake-registry"{scope}'
+
+    # -- pushes ----------------------------------------------------------------------------
+
+    async def _upload(
+        self,
+        conn: h11.Connection,
+        stream: trio.SocketStream,
+        method: str,
+        upload: re.Match[str],
+        query: str,
+        body: bytes,
+        content_range: str | None,
+        reply: Callable[..., Awaitable[bool]],
+    ) -> bool:
+        repo, upload_id = upload["repo"], upload["id"]
+        faults = self.push_faults.get(method)
+        if faults:
+            status = faults.pop(0)
+            return await reply(status, _error_body("INJECTED", f"injected {status}"))
+        if method == "POST" and not upload_id:
+            upload_id = f"u{len(self.requests)}-{secrets.token_hex(4)}"
+            self.uploads[upload_id] = bytearray()
+            return await reply(202, b"", self._upload_headers(repo, upload_id, "0-0"))
+        data = self.uploads.get(upload_id)
+        if data is None:
+            return await reply(404, _error_body("BLOB_UPLOAD_UNKNOWN", "upload unknown"))
+        if method == "GET":
+            return await reply(204, b"", self._upload_headers(repo, upload_id))
+        if method == "PATCH":
+            return await self._patch(conn, stream, repo, upload_id, data, content_range, reply)
+        if method == "PUT":
+            self._receive(data, body)
+            digest = parse_qs(query).get("digest", [""])[0]
+            if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+                return await reply(400, _error_body("DIGEST_INVALID", "digest did not match"))
+            self.blobs[digest] = bytes(data)
+            del self.uploads[upload_id]
+            location = ("location", f"/v2/{repo}/blobs/{digest}")
+            return await reply(201, b"", [location, ("docker-content-digest", digest)])
+        return await reply(405, b"")
+
+    def _upload_headers(
+        self, repo: str, upload_id: str, held: str | None = None
+    ) -> list[tuple[str, str]]:
+        """Where the upload goes on (an absolute URL with a new ``_state`` each time, as
+        distribution's: Ollama cannot follow a relative one), and how much of it is here
+        (``0--1`` when nothing is, as distribution says)."""
+        size = len(self.uploads[upload_id])
+        base = f"http://{self.host}:{self.port}"
+        location = f"{base}/v2/{repo}/blobs/uploads/{upload_id}?_state={size}"
+        return [
+            ("location", location),
+            ("range", held if held is not None else f"0-{size - 1}"),
+            ("docker-upload-uuid", upload_id),
+        ]
+
+    async def _patch(
+        self,
+        conn: h11.Connection,
+        stream: trio.SocketStream,
+        repo: str,
+        upload_id: str,
+        data: bytearray,
+        content_range: str | None,
+        reply: Callable[..., Awaitable[bool]],
+    ) -> bool:
+        parsed = _CONTENT_RANGE_RE.fullmatch(content_range or "")
+        if parsed is not None and int(parsed[1]) != len(data):
+            return await reply(416, _error_body("BLOB_UPLOAD_INVALID", "out of order"),
+                               self._upload_headers(repo, upload_id))  # fmt: skip
+        while (chunk := await _next_body_chunk(conn, stream)) is not None:
+            end = len(data) + len(chunk)
+            cut = self.upload_drops[0] if self.upload_drops else None
+            stall = self.upload_stall
+            if cut is not None and len(data) < cut <= end:
+                self.upload_drops.pop(0)
+                self._receive(data, chunk[: cut - len(data)])
+                return False  # drop the connection mid-chunk; what came is kept
+            if stall is not None and len(data) < stall.after <= end:
+                self.upload_stall = None
+                self._receive(data, chunk[: stall.after - len(data)])
+                stall.began.set()
+                await trio.sleep(stall.seconds)
+                return False
+            self._receive(data, chunk)
+        return await reply(202, b"", self._upload_headers(repo, upload_id))
+
+    def _receive(self, data: bytearray, chunk: bytes) -> None:
+        data += chunk
+        self.bytes_received += len(chunk)
+
+    async def _put_manifest(
+        self, key: str, body: bytes, reply: Callable[..., Awaitable[bool]]
+    ) -> bool:
+        faults = self.push_faults.get("MANIFEST")
+        if faults:
+            status = faults.pop(0)
+            return await reply(status, _error_body("INJECTED", f"injected {status}"))
+        try:
+            manifest = Manifest.parse(body)
+        except StoreError as exc:
+            return await reply(400, _error_body("MANIFEST_INVALID", str(exc)))
+        missing = sorted(d for d in manifest.digests() if d not in self.blobs)
+        if missing:
+            return await reply(400, _error_body("MANIFEST_BLOB_UNKNOWN", missing[0]))
+        self.manifests[key] = body
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        return await reply(201, b"", [("docker-content-digest", digest)])
 
     async def _send_blob(
         self,
@@ -303,7 +470,7 @@ class FakeRegistry:
 
 
 async def _next_request(conn: h11.Connection, stream: trio.SocketStream) -> h11.Request | None:
-    request: h11.Request | None = None
+    """The next request's head (its body is read apart); None when the connection ends."""
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
@@ -311,11 +478,33 @@ async def _next_request(conn: h11.Connection, stream: trio.SocketStream) -> h11.
             conn.receive_data(data)  # b"" marks the end of the connection
             continue
         if isinstance(event, h11.Request):
-            request = event
-        elif isinstance(event, h11.EndOfMessage):
-            return request
-        elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+            return event
+        if isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
             return None
+
+
+async def _next_body_chunk(conn: h11.Connection, stream: trio.SocketStream) -> bytes | None:
+    """The next piece of the request's body; None at its end."""
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(_CHUNK)
+            if not data:
+                raise trio.BrokenResourceError("the client left mid-body")
+            conn.receive_data(data)
+            continue
+        if isinstance(event, h11.Data):
+            return bytes(event.data)
+        if isinstance(event, h11.EndOfMessage):
+            return None
+        raise trio.BrokenResourceError(f"unexpected {event!r} in a request body")
+
+
+async def _read_body(conn: h11.Connection, stream: trio.SocketStream) -> bytes:
+    body = bytearray()
+    while (chunk := await _next_body_chunk(conn, stream)) is not None:
+        body += chunk
+    return bytes(body)
 
 
 async def _read(source: BlobSource, offset: int, n: int) -> bytes:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from PIL import Image
+from servers import REGISTRY_PORTS, free_port
 
 MODEL = "smol"
 GREEDY = {"temperature": 0, "seed": 1, "num_predict": 3}
@@ -37,6 +39,10 @@ WEBP = _webp()
 BROKEN_WEBP = WEBP[:40]  # cut in its bitstream (base64 of its first 30 bytes)
 MISSING_BLOB = "sha256:" + "0" * 64
 LOCAL = {"Origin": "http://localhost"}
+# The registry both servers push to (test_differential.py starts the project's fake one
+# there), and the name they push it as.
+REGISTRY = f"127.0.0.1:{free_port(REGISTRY_PORTS)}"
+PUSHED = f"{REGISTRY}/library/smol-pushed"
 
 Values = Callable[[Any], dict[str, Any]]
 
@@ -101,6 +107,15 @@ def show_values(parsed: Any) -> dict[str, Any]:
     return out
 
 
+def statuses(parsed: Any) -> dict[str, Any]:
+    """A progress stream's statuses in order, each once, a blob's digest left out (each
+    server's config blob is its own)."""
+    lines = parsed if isinstance(parsed, list) else [parsed]
+    seen = [re.sub(r"\b[0-9a-f]{12}\b", "<digest>", str(line.get("status"))) for line in lines
+            if isinstance(line, dict) and "status" in line]  # fmt: skip
+    return {"statuses": list(dict.fromkeys(seen))}
+
+
 def chat_counts(parsed: Any) -> dict[str, Any]:
     final = _final(parsed)
     return {"prompt_eval_count": final.get("prompt_eval_count")}
@@ -145,6 +160,7 @@ def _wrong_methods() -> list[Case]:
         ("GET", "/api/create"),
         ("GET", "/api/copy"),
         ("GET", "/api/pull"),
+        ("GET", "/api/push"),
         ("POST", "/api/tags"),
         ("POST", "/api/ps"),
         ("POST", "/api/delete"),
@@ -544,6 +560,21 @@ CORPUS: list[Case] = [
             "messages": [{"role": "user", "content": "Hi", "images": [BROKEN_WEBP]}],
         },
     ),
+    # -- push, to the registry both publish to --------------------------------------------
+    Case("push copy", "POST", "/api/copy", {"source": MODEL, "destination": PUSHED}, state=True),
+    Case(
+        "push",
+        "POST",
+        "/api/push",
+        {"model": PUSHED, "insecure": True, "stream": False},
+        values=statuses,
+    ),
+    # Every blob is there now (each server's own after its first push): sent by neither.
+    Case("push again", "POST", "/api/push", {"model": PUSHED, "insecure": True}, values=statuses),
+    Case("push unknown model", "POST", "/api/push", {"model": "nope", "stream": False}),
+    Case("push unknown model stream", "POST", "/api/push", {"model": "nope"}, values=statuses),
+    Case("push without model", "POST", "/api/push", {}),
+    Case("delete pushed", "DELETE", "/api/delete", {"model": PUSHED}, state=True),
     # -- the second model, then unloads --------------------------------------------------
     Case(
         "generate other model",

@@ -1,6 +1,7 @@
 """The two servers the differential suite talks to: the reference Ollama (the upstream
 release in ``../shared/ollama``) and ollamatrio from this tree, each a child process with
-its own store, both holding the same model created from the same Modelfile."""
+its own store, both holding the same model created from the same Modelfile; and the
+registry both push to (the project's fake one, in a thread of the test process)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,6 +29,8 @@ TARBALL_GLOB = "ollama-*-linux-amd64*.tgz"
 
 # The reference listens on one of these (other suites use other ports).
 REFERENCE_PORTS = range(11500, 11510)
+# The registry the push cases publish to listens on one of these.
+REGISTRY_PORTS = range(11510, 11520)
 
 # Start-up is well under a second for both; a loaded machine gets plenty of slack.
 START_TIMEOUT = 60.0
@@ -165,3 +169,43 @@ def create_with_cli(argv: list[str], server: Server, name: str, modelfile: Path)
     )
     if done.returncode != 0:
         raise RuntimeError(f"{server.name}: create {name} failed: {done.stderr.decode()[-2000:]}")
+
+
+@contextmanager
+def fake_registry(address: str) -> Iterator[Any]:
+    """The project's fake registry (``ollamatrio.testing.fake_registry``) listening on
+    ``address`` (``127.0.0.1:<port>``), run by Trio in a thread of its own."""
+    import trio
+
+    from ollamatrio.testing.fake_registry import FakeRegistry
+
+    host, _, port = address.rpartition(":")
+    registry = FakeRegistry(host=host, port=int(port))
+    running: dict[str, Any] = {}
+    ready = threading.Event()
+
+    async def serve() -> None:
+        async with trio.open_nursery() as nursery:
+            running["stop"] = nursery.cancel_scope
+            running["token"] = trio.lowlevel.current_trio_token()
+            await nursery.start(registry.serve)
+            ready.set()
+
+    def run() -> None:
+        try:
+            trio.run(serve)
+        except BaseException as exc:  # a port taken meanwhile: said by the caller
+            running["error"] = exc
+        finally:
+            ready.set()
+
+    thread = threading.Thread(target=run, name="fake registry", daemon=True)
+    thread.start()
+    ready.wait(START_TIMEOUT)
+    if "error" in running or "stop" not in running:
+        raise RuntimeError(f"the fake registry did not start on {address}: {running.get('error')}")
+    try:
+        yield registry
+    finally:
+        trio.from_thread.run_sync(running["stop"].cancel, trio_token=running["token"])
+        thread.join(10)

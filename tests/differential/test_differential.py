@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 from allowlist import COMPAT, Allowed, read_allow_list
-from corpus import CORPUS, VISION
+from corpus import CORPUS, REGISTRY, VISION
 from run import Compared, run_corpus
 from servers import (
     ENV_REFERENCE,
     create_with_cli,
+    fake_registry,
     ollamatrio,
     reference_ollama,
     reference_tarball,
@@ -70,6 +71,7 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Compared]:
     with (
         reference_ollama(tarball, work / "reference") as theirs,
         ollamatrio(work / "ours") as ours,
+        fake_registry(REGISTRY),
     ):
         create_with_cli([str(work / "reference" / "bin" / "ollama")], theirs, "smol", modelfile)
         create_with_cli([sys.executable, "-m", "ollamatrio"], ours, "smol", modelfile)
