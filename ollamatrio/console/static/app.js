@@ -1,0 +1,205 @@
+// The console: what the server is doing, live.  The scheduler's events (/api/events) say
+// when something changed, and /api/ps is read again then (at most once a second) and every
+// few seconds besides; /metrics feeds the charts and the memory per device.
+
+import { recordMetrics, renderCharts, renderLoads, applyEvent } from "./activity.js";
+import * as api from "./api.js";
+import { $ } from "./dom.js";
+import { renderDevices, renderFleet, renderModels, tickModels } from "./models.js";
+import { setUpPlayground } from "./playground.js";
+import { parseMetrics } from "./prom.js";
+import { fillModelChoice, pull, renderStore } from "./store.js";
+
+const PS_EVERY = 5000; // ms between readings of /api/ps when nothing happens
+const METRICS_EVERY = 5000; // ms between readings of /metrics
+const MIN_GAP = 1000; // never ask the same thing more often than this
+const RECONNECT = 2000; // ms before the event stream is opened again
+
+const state = {
+  ps: { models: [], free_memory: [], devices: [] },
+  loading: new Map(), // full model name -> {completed, total}: loads the events announced
+  samples: [], // the last /metrics reading
+  history: { tokens: new Map(), ttft: [], last: null },
+  tags: [],
+  scopes: { admin: false, metrics: false },
+  fleet: false,
+  hosts: [],
+};
+
+function report(error) {
+  $("link").textContent = `error: ${error.message || error}`;
+  $("link").className = "link error";
+}
+
+// ``fn`` at most once per MIN_GAP, however often it is asked for; asks meanwhile coalesce.
+function throttled(fn) {
+  let last = 0;
+  let timer = null;
+  return () => {
+    if (timer !== null) return;
+    timer = setTimeout(
+      async () => {
+        last = Date.now();
+        try {
+          await fn();
+        } catch (error) {
+          report(error);
+        } finally {
+          timer = null;
+        }
+      },
+      Math.max(0, last + MIN_GAP - Date.now()),
+    );
+  };
+}
+
+function renderAll() {
+  renderModels(state, actions);
+  renderDevices(state);
+  renderFleet(state);
+  renderLoads(state);
+}
+
+async function readPs() {
+  state.ps = await api.json("/api/ps");
+  renderAll();
+}
+
+async function readMetrics() {
+  if (!state.scopes.metrics) return;
+  const now = Date.now() / 1000;
+  state.samples = parseMetrics(await api.text("/metrics"));
+  const hosts = state.samples.filter((s) => s.name === "ollamatrio_fleet_host");
+  state.fleet = state.samples.some((s) => s.name === "ollamatrio_fleet_hosts_up");
+  state.hosts = hosts.map((s) => ({ ...s.labels, up: s.value === 1 }));
+  recordMetrics(state.history, state.samples, now);
+  renderCharts(state.history, now, true);
+  renderAll();
+}
+
+async function readTags() {
+  state.tags = (await api.json("/api/tags")).models;
+  renderStore(state, actions);
+  fillModelChoice(state);
+}
+
+const schedulePs = throttled(readPs);
+const scheduleMetrics = throttled(readMetrics);
+
+const actions = {
+  report,
+  async unload(row) {
+    await api.json("/api/generate", { method: "POST", body: { model: row.name, keep_alive: 0 } });
+    schedulePs();
+  },
+  async keepLoaded(row) {
+    await api.json("/api/generate", { method: "POST", body: { model: row.name, keep_alive: -1 } });
+    schedulePs();
+  },
+  async preload(name, caps) {
+    const embedding = caps.split(" ").includes("embedding") && !caps.split(" ").includes("completion");
+    const [path, body] = embedding ? ["/api/embed", { model: name, input: [] }] : ["/api/generate", { model: name }];
+    try {
+      await api.json(path, { method: "POST", body });
+    } catch (error) {
+      report(error);
+    }
+    schedulePs();
+  },
+  async remove(name) {
+    await api.json("/api/delete", { method: "DELETE", body: { model: name } });
+    await readTags();
+  },
+  capabilitiesKnown() {
+    fillModelChoice(state);
+  },
+};
+
+async function followEvents() {
+  for (;;) {
+    try {
+      $("link").textContent = "live";
+      $("link").className = "link live";
+      for await (const { event, data } of api.events()) {
+        applyEvent(state, event, data);
+        renderLoads(state);
+        renderModels(state, actions);
+        schedulePs();
+        if (event === "loaded" || event === "unloaded") scheduleMetrics();
+      }
+    } catch (error) {
+      if (error instanceof api.Unauthorized) return;
+      // the server went away or restarts: try again below
+    }
+    $("link").textContent = "reconnecting…";
+    $("link").className = "link";
+    await new Promise((resolve) => setTimeout(resolve, RECONNECT));
+    schedulePs();
+  }
+}
+
+// The key dialog: shown when a call is answered 401, resolved when a key is given.
+function askForKey(message) {
+  const dialog = $("key-dialog");
+  $("key-error").textContent = message;
+  $("key-button").hidden = false;
+  return new Promise((resolve) => {
+    dialog.addEventListener(
+      "close",
+      () => {
+        if (dialog.returnValue === "save") api.setKey($("key-input").value.trim());
+        $("key-input").value = "";
+        resolve();
+      },
+      { once: true },
+    );
+    if (!dialog.open) dialog.showModal();
+  });
+}
+
+function setUpKey() {
+  api.onUnauthorized(askForKey);
+  if (api.storedKey()) $("key-button").hidden = false;
+  $("key-button").addEventListener("click", () => $("key-dialog").showModal());
+  $("key-forget").addEventListener("click", () => {
+    api.setKey(null);
+    $("key-dialog").close("forget");
+    location.reload();
+  });
+}
+
+function setUpPull() {
+  $("pull-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const name = $("pull-name").value.trim();
+    if (!name) return;
+    $("pull-name").value = "";
+    pull(name, $("pull-insecure").checked, readTags);
+  });
+}
+
+async function start() {
+  setUpKey();
+  setUpPlayground();
+  setUpPull();
+  try {
+    const version = await api.json("/api/version");
+    $("server").textContent = `version ${version.ollamatrio || version.version} · Ollama API ${version.version}`;
+    await readPs();
+    const [admin, metrics] = await Promise.all([api.allowed("/api/usage"), api.allowed("/metrics")]);
+    state.scopes = { admin, metrics };
+    $("pull-form").hidden = !admin;
+    if (!metrics) renderCharts(state.history, 0, false);
+    await Promise.all([readTags(), readMetrics()]);
+  } catch (error) {
+    report(error);
+  }
+  followEvents();
+  setInterval(() => document.hidden || schedulePs(), PS_EVERY);
+  setInterval(() => document.hidden || scheduleMetrics(), METRICS_EVERY);
+  setInterval(tickModels, 1000); // countdowns only: no request
+  document.addEventListener("visibilitychange", () => document.hidden || schedulePs());
+  document.body.dataset.ready = "true";
+}
+
+start();
