@@ -10,8 +10,8 @@ Quart app (:mod:`.app`) which views it registers.  A test holds each of them to 
 Each route says which way serves it (:class:`Way`): a Quart view (one-piece answers), the
 streamed routes ahead of Quart (``api/routes.py``: the generations carry every token through
 them, and pull, create and blob uploads stream their progress or body), the scheduler's
-event stream (``observability/events.py``), or the console's files (``console/``).  Whatever the way, the request
-first goes through the one chain of :mod:`.chain`.
+event stream (``observability/events.py``), or the console's files (``console/``).
+Whatever the way, the request first goes through the one chain of :mod:`.chain`.
 """
 
 from __future__ import annotations

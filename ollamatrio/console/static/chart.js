@@ -24,7 +24,8 @@ export function lineChart(title, unit, series, span, now) {
   figure.className = "chart";
   const caption = document.createElement("figcaption");
   caption.textContent = title;
-  const top = Math.max(1e-9, ...series.flatMap((s) => s.points.map((p) => p[1])));
+  const highest = Math.max(0, ...series.flatMap((s) => s.points.map((p) => p[1])));
+  const top = highest > 0 ? highest : 1;
   const plotW = WIDTH - PAD.left - PAD.right;
   const plotH = HEIGHT - PAD.top - PAD.bottom;
   const x = (t) => PAD.left + plotW * (1 - (now - t) / span);

@@ -43,7 +43,7 @@ function stats(final, seconds) {
   const reused = final.prompt_cached_count ?? 0;
   return (
     `${final.eval_count ?? 0} tokens at ${speed.toFixed(1)} tokens/s; ` +
-    `prompt ${final.prompt_eval_count ?? 0} tokens, ${reused} reused from the cache; ` +
+    `prompt ${final.prompt_eval_count ?? 0} tokens, ${reused} of them reused from the cache; ` +
     `${seconds.toFixed(2)} s in all`
   );
 }

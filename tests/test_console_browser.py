@@ -1,0 +1,182 @@
+"""The console (``GET /ui``) in a real browser: headless Chromium from the system's packages,
+driven by Playwright (tests/helpers/browser.py), against a real server on an ephemeral port
+with the simulated engine.  The page loads with no JavaScript error; another client's request
+makes its model appear with its load's progress, then ``ready``; an unload from the page
+empties the list; the playground streams an answer; a pull shows its progress."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+import trio
+from helpers.browser import in_browser, open_page, wait_until
+
+from ollamatrio.engines.simulated import SimulatedBehaviour
+from ollamatrio.store.manifest import MEDIA_MODEL, MEDIA_TEMPLATE
+from ollamatrio.testing.fake_registry import FakeRegistry
+
+if TYPE_CHECKING:
+    from conftest import ServerFactory, TinyGGUF
+
+pytestmark = pytest.mark.browser
+
+TIMEOUT = 60  # each test's limit; each takes a few seconds
+
+
+def expect_no_problems(errors: list[str]) -> None:
+    assert errors == [], errors
+
+
+async def test_the_page_loads_with_every_panel_and_no_error(api_server: ServerFactory) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with api_server() as srv:
+
+            def scenario() -> list[str]:
+                from playwright.sync_api import expect
+
+                with open_page(srv.url) as (page, problems):
+                    for title in ("Models", "Devices", "Activity", "Store", "Playground"):
+                        expect(page.get_by_role("heading", name=title, exact=True)).to_be_visible()
+                    expect(page.locator("#models-empty")).to_be_visible()
+                    expect(page.locator("#store-list tr[data-model='tiny:latest']")).to_be_visible()
+                    expect(
+                        page.locator("#store-list tr[data-model='tiny:latest'] .caps")
+                    ).to_have_text(re.compile("completion"))
+                    expect(page.locator(".device[data-device=host]")).to_be_visible()
+                    expect(page.locator("#link")).to_have_text("live")
+                    expect(page.locator("#pull-form")).to_be_visible()  # no keys: every action
+                    expect(page.locator("#chat-model")).to_have_value(re.compile("tiny"))
+                    page.keyboard.press("Tab")  # the first stop is the skip link
+                    assert page.evaluate("document.activeElement.className") == "skip"
+                    return problems.errors
+
+            expect_no_problems(await in_browser(scenario))
+
+
+async def test_another_clients_request_shows_the_load_then_ready(api_server: ServerFactory) -> None:
+    behaviour = SimulatedBehaviour(load_seconds=2.0, tokens_per_second=2000)
+    with trio.fail_after(TIMEOUT):
+        async with (
+            api_server(behaviour=behaviour) as srv,
+            httpx.AsyncClient(base_url=srv.url, timeout=30) as client,
+            trio.open_nursery() as nursery,
+        ):
+
+            async def another_client() -> None:
+                await client.post(
+                    "/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False}
+                )
+
+            def scenario() -> list[str]:
+                from playwright.sync_api import expect
+
+                with open_page(srv.url) as (page, problems):
+                    expect(page.locator("#link")).to_have_text("live")
+                    trio.from_thread.run_sync(nursery.start_soon, another_client)
+                    card = page.locator("li.model[data-model='|tiny:latest']")
+                    expect(card).to_have_attribute("data-state", "loading")
+                    progress = card.locator("progress")
+                    expect(progress).to_be_visible()
+                    wait_until(page, "document.querySelector('li.model progress')?.value > 0")
+                    expect(page.locator("#loads progress")).to_be_visible()
+                    expect(card).to_have_attribute("data-state", "ready", timeout=20_000)
+                    expect(card.locator(".badge")).to_have_text("ready")
+                    expect(progress).to_be_hidden()
+                    expect(page.locator("#events li[data-kind=loaded]")).to_contain_text("tiny")
+                    return problems.errors
+
+            expect_no_problems(await in_browser(scenario))
+
+
+async def test_an_unload_from_the_page_empties_the_list(api_server: ServerFactory) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with (
+            api_server() as srv,
+            httpx.AsyncClient(base_url=srv.url, timeout=30) as client,
+        ):
+            await client.post(
+                "/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False}
+            )
+
+            def scenario() -> list[str]:
+                from playwright.sync_api import expect
+
+                with open_page(srv.url) as (page, problems):
+                    card = page.locator("li.model")
+                    expect(card).to_have_count(1)
+                    expect(card).to_have_attribute("data-state", "ready")
+                    card.get_by_role("button", name="Unload").click()
+                    expect(card).to_have_count(0)
+                    expect(page.locator("#models-empty")).to_be_visible()
+                    expect(page.locator("#events li[data-kind=unloaded]")).to_contain_text("tiny")
+                    return problems.errors
+
+            expect_no_problems(await in_browser(scenario))
+            assert (await client.get("/api/ps")).json()["models"] == []
+
+
+async def test_the_playground_streams_an_answer(api_server: ServerFactory) -> None:
+    # 16 tokens at 10 a second: the answer is seen growing before it ends.
+    behaviour = SimulatedBehaviour(load_seconds=0.01, tokens_per_second=10)
+    with trio.fail_after(TIMEOUT):
+        async with api_server(behaviour=behaviour) as srv:
+
+            def scenario() -> list[str]:
+                from playwright.sync_api import expect
+
+                with open_page(srv.url) as (page, problems):
+                    page.select_option("#chat-model", "tiny:latest")
+                    page.fill("#chat-input", "Tell me something")
+                    page.keyboard.press("Control+Enter")  # from the message box
+                    answer = page.locator(".message.assistant .text")
+                    expect(answer).not_to_be_empty()
+                    expect(page.locator("#chat-stop")).to_be_enabled()  # still streaming
+                    partial = answer.inner_text()
+                    expect(page.locator("#chat-stats")).to_contain_text("tokens/s", timeout=20_000)
+                    assert len(answer.inner_text()) > len(partial)
+                    expect(page.locator("#chat-stats")).to_contain_text("reused from the cache")
+                    expect(page.locator(".message.user .text")).to_have_text("Tell me something")
+                    return problems.errors
+
+            expect_no_problems(await in_browser(scenario))
+
+
+async def test_a_pull_shows_its_progress(
+    api_server: ServerFactory, tiny_gguf: TinyGGUF, nursery: trio.Nursery
+) -> None:
+    registry = FakeRegistry(chunk_delay=0.02)  # 64 KiB chunks: the bar moves for a second
+    await nursery.start(registry.serve)
+    weights = tiny_gguf(seed=5).read_bytes() + bytes(3 << 20)
+    registry.add_model(
+        "library/pulled:latest", [(MEDIA_MODEL, weights), (MEDIA_TEMPLATE, b"{{ .Prompt }}")]
+    )
+    name = registry.model_name("library/pulled:latest")
+    digest = hashlib.sha256(weights).hexdigest()
+    with trio.fail_after(TIMEOUT):
+        async with api_server() as srv:
+
+            def scenario() -> list[str]:
+                from playwright.sync_api import expect
+
+                with open_page(srv.url) as (page, problems):
+                    page.fill("#pull-name", name)
+                    page.check("#pull-insecure")
+                    page.get_by_role("button", name="Pull", exact=True).click()
+                    box = page.locator(".pull")
+                    expect(box.locator("p")).to_contain_text(
+                        re.compile(rf"pulling {digest[:12]}: \d+%")
+                    )
+                    wait_until(
+                        page,
+                        "(() => { const p = document.querySelector('.pull progress');"
+                        " return p && p.value > 0 && p.value < p.max; })()",
+                    )
+                    expect(box).to_have_attribute("data-done", "success", timeout=30_000)
+                    expect(page.locator("#store-list tr", has_text="pulled")).to_be_visible()
+                    return problems.errors
+
+            expect_no_problems(await in_browser(scenario))
