@@ -2,19 +2,24 @@
 driven by Playwright (tests/helpers/browser.py), against a real server on an ephemeral port
 with the simulated engine.  The page loads with no JavaScript error; another client's request
 makes its model appear with its load's progress, then ``ready``; an unload from the page
-empties the list; the playground streams an answer; a pull shows its progress."""
+empties the list; the playground streams an answer; a pull shows its progress.  With keys
+required it asks for one and hides the admin's actions from a key without the scope; served
+by a fleet's gateway it shows every host."""
 
 from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 import trio
 from helpers.browser import in_browser, open_page, wait_until
+from test_fleet_gateway import fleet
 
+from ollamatrio.auth.keys import KeyStore
 from ollamatrio.engines.simulated import SimulatedBehaviour
 from ollamatrio.store.manifest import MEDIA_MODEL, MEDIA_TEMPLATE
 from ollamatrio.testing.fake_registry import FakeRegistry
@@ -52,6 +57,12 @@ async def test_the_page_loads_with_every_panel_and_no_error(api_server: ServerFa
                     expect(page.locator("#chat-model")).to_have_value(re.compile("tiny"))
                     page.keyboard.press("Tab")  # the first stop is the skip link
                     assert page.evaluate("document.activeElement.className") == "skip"
+                    # A phone's width, and 200 % zoom of a 1280 px window (640 CSS px): the
+                    # panels stack, and nothing makes the page scroll sideways.
+                    for width in (390, 640):
+                        page.set_viewport_size({"width": width, "height": 800})
+                        wide = page.evaluate("document.documentElement.scrollWidth")
+                        assert wide <= width, (width, wide)
                     return problems.errors
 
             expect_no_problems(await in_browser(scenario))
@@ -177,6 +188,85 @@ async def test_a_pull_shows_its_progress(
                     )
                     expect(box).to_have_attribute("data-done", "success", timeout=30_000)
                     expect(page.locator("#store-list tr", has_text="pulled")).to_be_visible()
+                    return problems.errors
+
+            expect_no_problems(await in_browser(scenario))
+
+
+async def test_with_keys_the_page_asks_for_one_and_hides_what_it_may_not_do(
+    api_server: ServerFactory, tmp_path: Path
+) -> None:
+    def make_keys() -> dict[str, str]:
+        store = KeyStore.in_folder(tmp_path / "state")
+        return {scope: store.create(scope, [scope])[1] for scope in ("inference", "admin")}
+
+    keys = await trio.to_thread.run_sync(make_keys)
+    with trio.fail_after(TIMEOUT):
+        async with api_server(auth="required", data_dir=tmp_path / "state") as srv:
+
+            def scenario() -> list[str]:
+                from playwright.sync_api import expect
+
+                with open_page(srv.url, ready=False) as (page, problems):
+                    dialog = page.get_by_role("dialog", name="API key")
+                    expect(dialog).to_be_visible()
+                    page.fill("#key-input", keys["inference"])
+                    page.keyboard.press("Enter")
+                    page.wait_for_selector("body[data-ready=true]")
+                    expect(page.locator("#link")).to_have_text("live")
+                    expect(page.locator("#store-list tr[data-model='tiny:latest']")).to_be_visible()
+                    expect(page.locator("#pull-form")).to_be_hidden()  # admin's
+                    expect(page.locator("#store-list .delete").first).to_be_hidden()
+                    expect(page.locator("#charts")).to_contain_text("metrics scope")
+                    # The key is kept: a reload asks for none.
+                    page.reload()
+                    page.wait_for_selector("body[data-ready=true]")
+                    expect(dialog).to_be_hidden()
+                    page.get_by_role("button", name="API key…").click()
+                    page.fill("#key-input", keys["admin"])
+                    with page.expect_navigation():  # another key: the page starts again
+                        page.keyboard.press("Enter")
+                    page.wait_for_selector("body[data-ready=true]")
+                    expect(page.locator("#pull-form")).to_be_visible()
+                    expect(page.locator("#store-list .delete").first).to_be_visible()
+                    return problems.errors
+
+            errors = await in_browser(scenario)
+    # The browser reports each refused probe (the first 401, the inference key's 403s);
+    # nothing else.
+    assert errors, "the refusals should have been seen"
+    refused = re.compile(r"status of (401|403)")
+    assert [e for e in errors if not refused.search(e)] == []
+
+
+async def test_a_fleets_gateway_shows_every_host_and_its_models(
+    api_server: ServerFactory, tiny_gguf: TinyGGUF, tmp_path: Path
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with (
+            fleet(api_server, tiny_gguf, tmp_path) as (hosts, gw),
+            httpx.AsyncClient(base_url=gw.url, timeout=30) as client,
+        ):
+            for model in ("tiny", "other"):
+                body = {"model": model, "prompt": "hi", "stream": False}
+                (await client.post("/api/generate", json=body)).raise_for_status()
+
+            def scenario() -> list[str]:
+                from playwright.sync_api import expect
+
+                with open_page(gw.url) as (page, problems):
+                    expect(page.locator("#fleet")).to_be_visible()
+                    cards = page.locator("#fleet-list li")
+                    expect(cards).to_have_count(2)
+                    for host in hosts:
+                        expect(
+                            page.locator(f"#fleet-list li[data-host='{host.url}']")
+                        ).to_contain_text("up")
+                    expect(page.locator("#fleet-list")).to_contain_text("tiny:latest (ready)")
+                    expect(page.locator("#fleet-list")).to_contain_text("other:latest (ready)")
+                    expect(page.locator("li.model")).to_have_count(2)
+                    expect(page.locator("li.model").first).to_contain_text(" on http://127.0.0.1:")
+                    expect(page.locator("#devices")).to_contain_text("its own devices")
                     return problems.errors
 
             expect_no_problems(await in_browser(scenario))

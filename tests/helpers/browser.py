@@ -67,9 +67,10 @@ class Problems:
 
 @contextmanager
 def open_page(
-    url: str, *, color_scheme: str = "light", **context: Any
+    url: str, *, color_scheme: str = "light", ready: bool = True, **context: Any
 ) -> Iterator[tuple[Page, Problems]]:
-    """A fresh headless Chromium on ``url``'s console, and the problems it reports."""
+    """A fresh headless Chromium on ``url``'s console (once it has read the server, unless
+    ``ready`` is false), and the problems it reports."""
     from playwright.sync_api import sync_playwright
 
     problems = Problems()
@@ -81,7 +82,8 @@ def open_page(
             page.on("pageerror", problems.page_error)
             page.set_default_timeout(15_000)
             page.goto(url + "/ui")
-            page.wait_for_selector("body[data-ready=true]")
+            if ready:
+                page.wait_for_selector("body[data-ready=true]")
             yield page, problems
             page.close()
         finally:

@@ -138,8 +138,8 @@ async function followEvents() {
   }
 }
 
-// The key dialog: shown when a call is answered 401, resolved when a key is given.
-function askForKey(message) {
+// The key dialog; resolves once it is closed (the key given is kept, if one was).
+function keyDialog(message) {
   const dialog = $("key-dialog");
   $("key-error").textContent = message;
   $("key-button").hidden = false;
@@ -147,20 +147,27 @@ function askForKey(message) {
     dialog.addEventListener(
       "close",
       () => {
-        if (dialog.returnValue === "save") api.setKey($("key-input").value.trim());
+        const given = dialog.returnValue === "save";
+        if (given) api.setKey($("key-input").value.trim());
         $("key-input").value = "";
-        resolve();
+        resolve(given);
       },
       { once: true },
     );
-    if (!dialog.open) dialog.showModal();
+    if (!dialog.open) {
+      dialog.returnValue = "";
+      dialog.showModal();
+    }
   });
 }
 
 function setUpKey() {
-  api.onUnauthorized(askForKey);
+  api.onUnauthorized(keyDialog); // asked when a call is answered 401
   if (api.storedKey()) $("key-button").hidden = false;
-  $("key-button").addEventListener("click", () => $("key-dialog").showModal());
+  // Another key may hold other scopes: the page starts again with it.
+  $("key-button").addEventListener("click", async () => {
+    if (await keyDialog("")) location.reload();
+  });
   $("key-forget").addEventListener("click", () => {
     api.setKey(null);
     $("key-dialog").close("forget");
