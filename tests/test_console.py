@@ -5,6 +5,7 @@ anyone (the page asks for a key itself), and by a fleet's gateway too."""
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,7 +13,18 @@ import httpx
 import trio
 from test_lazy_app import lazy_server
 
+from ollamatrio.config import Settings
 from ollamatrio.console.assets import CSP, STATIC
+from ollamatrio.fleet.gateway import RunningGateway, serve_gateway
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound, then let go)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
 
 if TYPE_CHECKING:
     from conftest import ServerFactory
@@ -115,3 +127,30 @@ async def test_ps_says_each_devices_size_and_reserve(api_server: ServerFactory) 
     assert devices[0]["total"] == 2 << 30
     assert devices[0]["reserve"] > 1 << 20  # the overhead asked for, and a context's
     assert devices[1] == {"device": "host", "name": "host RAM", "total": 8 << 30, "reserve": 0}
+
+
+async def test_a_fleets_gateway_serves_the_console_itself(tmp_path: Path) -> None:
+    """No host is up (nothing listens at its address), and the page still comes: it is the
+    gateway's own, as its /api/ps is."""
+    settings = Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models")
+    stop = trio.Event()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            running: RunningGateway = await nursery.start(
+                lambda task_status: serve_gateway(
+                    [f"http://127.0.0.1:{closed_port()}"], settings,
+                    shutdown_trigger=stop.wait, task_status=task_status,
+                )
+            )  # fmt: skip
+            async with httpx.AsyncClient(base_url=running.url) as c:
+                page = await c.get("/ui")
+                script = await c.get("/ui/app.js")
+                missing = await c.get("/ui/nothing.js")
+                forwarded = await c.get("/api/tags")  # no host to take it
+            stop.set()
+    assert forwarded.status_code == 503
+    assert page.status_code == 200
+    assert page.headers["content-security-policy"] == CSP
+    assert page.content == (STATIC / "index.html").read_bytes()
+    assert script.headers["content-type"] == "text/javascript; charset=utf-8"
+    assert missing.status_code == 404

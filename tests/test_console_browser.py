@@ -270,3 +270,43 @@ async def test_a_fleets_gateway_shows_every_host_and_its_models(
                     return problems.errors
 
             expect_no_problems(await in_browser(scenario))
+
+
+@pytest.mark.slow
+async def test_the_playground_with_smollm2_says_what_the_cache_reused(
+    api_server: ServerFactory, smollm2_path: Path
+) -> None:
+    """The real model in a real runner: the answer streams, and the second question of the
+    chat reuses the first one's prompt from the runner's cache (the stats say how much)."""
+    from ollamatrio.engines.process import ProcessEngineFactory
+
+    engines = ProcessEngineFactory(load_timeout=120)
+    with trio.fail_after(240):
+        async with api_server(engines=engines, models={"smol": smollm2_path}) as srv:
+
+            def scenario() -> list[str]:
+                from playwright.sync_api import expect
+
+                with open_page(srv.url) as (page, problems):
+                    page.select_option("#chat-model", "smol:latest")
+                    stats = page.locator("#chat-stats")
+                    reused = re.compile(r"prompt (\d+) tokens, (\d+) of them reused")
+                    counts = []
+                    for question in ("What is the capital of France?", "And of Italy?"):
+                        page.fill("#chat-input", question)
+                        page.click("#chat-send")
+                        expect(stats).to_contain_text("tokens/s", timeout=120_000)
+                        match = reused.search(stats.inner_text())
+                        assert match, stats.inner_text()
+                        counts.append((int(match[1]), int(match[2])))
+                    expect(page.locator(".message.assistant .text")).to_have_count(2)
+                    assert page.locator(".message.assistant .text").first.inner_text().strip()
+                    (_, first_reused), (second_prompt, second_reused) = counts
+                    assert second_reused > first_reused  # the first exchange, from the cache
+                    assert second_reused < second_prompt
+                    expect(page.locator("li.model[data-model='|smol:latest']")).to_have_attribute(
+                        "data-state", "ready"
+                    )
+                    return problems.errors
+
+            expect_no_problems(await in_browser(scenario))

@@ -25,7 +25,8 @@ export function applyEvent(state, kind, event) {
   const name = fullName(event.model);
   if (kind === "loading") {
     const known = state.loading.has(name);
-    state.loading.set(name, { completed: event.completed || 0, total: event.total || 0, at: event.at });
+    const seen = Date.now() / 1000;
+    state.loading.set(name, { completed: event.completed || 0, total: event.total || 0, seen });
     if (known) return;
   } else if (["loaded", "load_failed", "unloaded", "crashed"].includes(kind)) {
     state.loading.delete(name);

@@ -4,7 +4,7 @@
 
 import { recordMetrics, renderCharts, renderLoads, applyEvent } from "./activity.js";
 import * as api from "./api.js";
-import { $ } from "./dom.js";
+import { $, fullName } from "./dom.js";
 import { renderDevices, renderFleet, renderModels, tickModels } from "./models.js";
 import { setUpPlayground } from "./playground.js";
 import { parseMetrics } from "./prom.js";
@@ -60,8 +60,17 @@ function renderAll() {
   renderLoads(state);
 }
 
+const STALE_LOAD = 10; // seconds a load the events announced may go unseen in /api/ps
+
 async function readPs() {
   state.ps = await api.json("/api/ps");
+  // A load is shown from its first event until /api/ps shows it loaded, or it was missed
+  // (an event stream that reconnected lost its end).
+  const now = Date.now() / 1000;
+  for (const [name, load] of state.loading) {
+    const row = state.ps.models.find((r) => fullName(r.name) === name);
+    if (row ? row.state !== "loading" : now - load.seen > STALE_LOAD) state.loading.delete(name);
+  }
   renderAll();
 }
 
@@ -86,15 +95,23 @@ async function readTags() {
 const schedulePs = throttled(readPs);
 const scheduleMetrics = throttled(readMetrics);
 
+// An empty generate only loads, unloads (0) or changes how long the model stays (-1: always).
+async function keepAlive(model, keep) {
+  try {
+    await api.json("/api/generate", { method: "POST", body: { model, keep_alive: keep } });
+  } catch (error) {
+    report(error);
+  }
+  schedulePs();
+}
+
 const actions = {
   report,
-  async unload(row) {
-    await api.json("/api/generate", { method: "POST", body: { model: row.name, keep_alive: 0 } });
-    schedulePs();
+  unload(row) {
+    return keepAlive(row.name, 0);
   },
-  async keepLoaded(row) {
-    await api.json("/api/generate", { method: "POST", body: { model: row.name, keep_alive: -1 } });
-    schedulePs();
+  keepLoaded(row) {
+    return keepAlive(row.name, -1);
   },
   async preload(name, caps) {
     const embedding = caps.split(" ").includes("embedding") && !caps.split(" ").includes("completion");
