@@ -2,6 +2,7 @@
 // told, and the memory per device of /metrics.
 
 import { $, bytes, clock, fill, fullName, h } from "./dom.js";
+import { byLabel } from "./prom.js";
 
 // Each card stays the same element between refreshes, so a focused button keeps focus.
 const cards = new Map();
@@ -81,6 +82,7 @@ function makeCard(key, actions) {
 export function renderModels(state, actions) {
   const list = $("models-list");
   const memory = memoryByModel(state.samples);
+  const cacheLimits = byLabel(state.samples, "ollamatrio_prompt_cache_limit_bytes", "model");
   const rows = [...state.ps.models];
   // A load the events announced before /api/ps shows it.
   for (const [name, load] of state.loading) {
@@ -120,7 +122,9 @@ export function renderModels(state, actions) {
     f.slots.textContent = row.pending
       ? "–"
       : `${row.active ?? 0} of ${row.slots ?? 1} busy, ${row.queued ?? 0} queued`;
-    f.cache.textContent = row.prompt_cache ? bytes(row.prompt_cache) : "empty";
+    const most = cacheLimits[row.name];
+    const held = row.prompt_cache ? bytes(row.prompt_cache) : "empty";
+    f.cache.textContent = most ? `${held} (may grow to ${bytes(most)})` : held;
     card.unload.disabled = row.pending !== undefined || row.state === "unloading";
     card.pin.hidden = !!row.pinned;
     card.pin.disabled = card.unload.disabled;
