@@ -70,9 +70,10 @@ async def test_the_page_loads_with_every_panel_and_no_error(api_server: ServerFa
 
 async def test_another_clients_request_shows_the_load_then_ready(api_server: ServerFactory) -> None:
     behaviour = SimulatedBehaviour(load_seconds=2.0, tokens_per_second=2000)
+    gpu = {"id": "sim0", "library": "CUDA", "total": 4 << 30, "compute": "8.6"}
     with trio.fail_after(TIMEOUT):
         async with (
-            api_server(behaviour=behaviour) as srv,
+            api_server(behaviour=behaviour, gpus=[gpu]) as srv,
             httpx.AsyncClient(base_url=srv.url, timeout=30) as client,
             trio.open_nursery() as nursery,
         ):
@@ -98,6 +99,11 @@ async def test_another_clients_request_shows_the_load_then_ready(api_server: Ser
                     expect(card.locator(".badge")).to_have_text("ready")
                     expect(progress).to_be_hidden()
                     expect(page.locator("#events li[data-kind=loaded]")).to_contain_text("tiny")
+                    # Its memory on the GPU's bar, beside the GPU's reserve.
+                    legend = page.locator(".device[data-device=sim0] .legend")
+                    expect(legend).to_contain_text("tiny:latest")
+                    expect(legend).to_contain_text("reserve")
+                    expect(card).to_contain_text("100% GPU")
                     return problems.errors
 
             expect_no_problems(await in_browser(scenario))
