@@ -120,9 +120,11 @@ export async function* ndjson(path, body, signal) {
 }
 
 // Each server-sent event of /api/events as {event, data}; ends when the stream does.
-export async function* events(signal) {
+// ``opened`` is called once the server has answered.
+export async function* events(opened, signal) {
   const response = await call("/api/events", { signal });
   if (!response.ok) throw await failure(response);
+  opened();
   let kind = "message";
   let data = "";
   for await (const line of lines(response)) {

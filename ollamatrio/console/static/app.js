@@ -24,33 +24,46 @@ const state = {
   scopes: { admin: false, metrics: false },
   fleet: false,
   hosts: [],
+  live: false, // the event stream is open
 };
 
-function report(error) {
-  $("link").textContent = `error: ${error.message || error}`;
-  $("link").className = "link error";
+function showLink(text, kind) {
+  $("link").textContent = text;
+  $("link").className = `link ${kind}`;
 }
 
-// ``fn`` at most once per MIN_GAP, however often it is asked for; asks meanwhile coalesce.
+function report(error) {
+  showLink(`error: ${error.message || error}`, "error");
+}
+
+// ``fn`` at most once per MIN_GAP, however often it is asked for: asks coalesce, and one
+// made while ``fn`` runs gets one more run after it (the answer may predate the change).
 function throttled(fn) {
   let last = 0;
   let timer = null;
-  return () => {
-    if (timer !== null) return;
-    timer = setTimeout(
-      async () => {
-        last = Date.now();
-        try {
-          await fn();
-        } catch (error) {
-          report(error);
-        } finally {
-          timer = null;
-        }
-      },
-      Math.max(0, last + MIN_GAP - Date.now()),
-    );
+  let running = false;
+  let again = false;
+  const run = async () => {
+    timer = null;
+    running = true;
+    last = Date.now();
+    try {
+      await fn();
+    } catch (error) {
+      report(error);
+    } finally {
+      running = false;
+      if (again) {
+        again = false;
+        schedule();
+      }
+    }
   };
+  const schedule = () => {
+    if (running) again = true;
+    else if (timer === null) timer = setTimeout(run, Math.max(0, last + MIN_GAP - Date.now()));
+  };
+  return schedule;
 }
 
 function renderAll() {
@@ -71,6 +84,7 @@ async function readPs() {
     const row = state.ps.models.find((r) => fullName(r.name) === name);
     if (row ? row.state !== "loading" : now - load.seen > STALE_LOAD) state.loading.delete(name);
   }
+  if (state.live) showLink("live", "live"); // past an error the last reading reported
   renderAll();
 }
 
@@ -133,11 +147,13 @@ const actions = {
 };
 
 async function followEvents() {
+  const opened = () => {
+    state.live = true;
+    showLink("live", "live");
+  };
   for (;;) {
     try {
-      $("link").textContent = "live";
-      $("link").className = "link live";
-      for await (const { event, data } of api.events()) {
+      for await (const { event, data } of api.events(opened)) {
         applyEvent(state, event, data);
         renderLoads(state);
         renderModels(state, actions);
@@ -148,8 +164,8 @@ async function followEvents() {
       if (error instanceof api.Unauthorized) return;
       // the server went away or restarts: try again below
     }
-    $("link").textContent = "reconnecting…";
-    $("link").className = "link";
+    state.live = false;
+    showLink("reconnecting…", "");
     await new Promise((resolve) => setTimeout(resolve, RECONNECT));
     schedulePs();
   }
