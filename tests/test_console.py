@@ -38,6 +38,7 @@ async def test_the_page_and_its_files_come_with_their_types_and_policy(
             page = await c.get("/ui")
             script = await c.get("/ui/app.js")
             style = await c.get("/ui/console.css")
+            slash = await c.get("/ui/")
             head = await c.head("/ui")
             missing = await c.get("/ui/nothing.js")
             escape = await c.get("/ui/../pyproject.toml")
@@ -52,6 +53,7 @@ async def test_the_page_and_its_files_come_with_their_types_and_policy(
     assert page.content == (STATIC / "index.html").read_bytes()
     assert script.headers["content-type"] == "text/javascript; charset=utf-8"
     assert style.headers["content-type"] == "text/css; charset=utf-8"
+    assert slash.content == page.content
     assert head.status_code == 200
     assert head.content == b""
     assert int(head.headers["content-length"]) == len(page.content)

@@ -128,6 +128,7 @@ ROUTES: tuple[Route, ...] = (
     _route("/api/blobs/<digest>", "HEAD", NAT),
     # The console in the browser (docs/console.md): its page and files.
     _route("/ui", "GET HEAD", NAT, CONSOLE),
+    _route("/ui/", "GET HEAD", NAT, CONSOLE),
     _route("/ui/<path:file>", "GET HEAD", NAT, CONSOLE),
 )
 
@@ -164,6 +165,7 @@ _NATIVE_SCOPES: dict[str, Scope] = {
     "/metrics": Scope.METRICS,
     # Static files: the page asks for a key itself, and sends it with each API call.
     "/ui": Scope.OPEN,
+    "/ui/": Scope.OPEN,
     "/ui/<path:file>": Scope.OPEN,
 }
 
