@@ -33,11 +33,18 @@ TinyGGUF = Callable[..., Path]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """``gpu``-marked tests skip unless an NVIDIA GPU and a CUDA build of xllamacpp are here."""
+    """``gpu``-marked tests skip unless an NVIDIA GPU and a CUDA build of xllamacpp are here;
+    ``browser``-marked ones unless Playwright and the system's Chromium are."""
     if item.get_closest_marker("gpu") is not None:
         from helpers.gpu import no_cuda_reason
 
         reason = no_cuda_reason()
+        if reason is not None:
+            pytest.skip(reason)
+    if item.get_closest_marker("browser") is not None:
+        from helpers.browser import no_browser_reason
+
+        reason = no_browser_reason()
         if reason is not None:
             pytest.skip(reason)
 

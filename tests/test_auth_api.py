@@ -73,6 +73,7 @@ def request_of(route: Route, method: str) -> tuple[str, dict[str, Any]]:
         route.path.replace("<path:model>", "tiny")
         .replace("<response_id>", "resp_missing")
         .replace("<digest>", "sha256:" + "0" * 64)
+        .replace("<path:file>", "app.js")
     )
     if method in ("GET", "HEAD"):
         return path, {}

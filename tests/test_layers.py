@@ -28,7 +28,7 @@ FLOORS: list[list[str]] = [
     ["model_config", "testing"],
     ["scheduler"],
     ["generation"],  # the typed core every dialect shares: lease + stream, load lines
-    ["http"],  # transport: no API knowledge
+    ["http", "console"],  # transport: no API knowledge; the console's files
     ["observability"],
     ["api"],  # the dialects, their routes and the app
     ["serve"],

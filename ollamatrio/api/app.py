@@ -14,6 +14,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from ..auth.usage import UsageLedger, UsageStore
 from ..config import Settings
+from ..console import answer_console
 from ..http.drain import Drain
 from ..observability.events import EventsRoute
 from ..observability.metrics import CONTENT_TYPE, ServerMetrics
@@ -48,6 +49,7 @@ class Router:
             Way.LIVENESS: lambda scope, receive, send: answer_liveness(scope, send),
             Way.STREAM: streams,
             Way.EVENTS: events,
+            Way.CONSOLE: lambda scope, receive, send: answer_console(scope, send),
         }
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..config import Settings
+from ..console import answer_console
 from ..http.drain import Drain
 from .chain import Chain, request_state
 from .liveness import answer_liveness
@@ -128,10 +129,14 @@ class LazyApp:
         await self._chain(scope, receive, send)
 
     async def _dispatch(self, scope: Any, receive: Any, send: Any) -> None:
-        """Inside the chain: a liveness route at once, anything else to the app's routes."""
+        """Inside the chain: a liveness route or the console's files at once, anything else
+        to the app's routes."""
         route = request_state(scope).route
         if route is not None and route.way is Way.LIVENESS:
             await answer_liveness(scope, send)
+            return
+        if route is not None and route.way is Way.CONSOLE:
+            await answer_console(scope, send)
             return
         app = await self.app()
         await app.dispatch(scope, receive, send)

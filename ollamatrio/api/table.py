@@ -7,11 +7,12 @@ and metrics label a request gets, the lazy app (:mod:`.lazy`) which paths it ans
 the app exists, the streamed routes (:mod:`.routes`) which of them they serve, and the
 Quart app (:mod:`.app`) which views it registers.  A test holds each of them to it.
 
-Each route says which of three ways serves it (:class:`Way`): a Quart view (one-piece
-answers), the streamed routes ahead of Quart (``api/routes.py``: the generations carry every
-token through them, and pull, push, create and blob uploads stream their progress or body), or
-the scheduler's event stream (``observability/events.py``).  Whatever the way, the request
-first goes through the one chain of :mod:`.chain`.
+Each route says which way serves it (:class:`Way`): a Quart view (one-piece answers), the
+streamed routes ahead of Quart (``api/routes.py``: the generations carry every token through
+them, and pull, push, create and blob uploads stream their progress or body), the
+scheduler's event stream (``observability/events.py``), or the console's files
+(``console/``).  Whatever the way, the request first goes through the one chain of
+:mod:`.chain`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Way(StrEnum):
     VIEW = "view"  # a Quart view (api/app.py and the dialects' handlers)
     STREAM = "stream"  # plain ASGI ahead of Quart (api/routes.py)
     EVENTS = "events"  # GET /api/events (observability/events.py)
+    CONSOLE = "console"  # the console's files, answered at once (console/assets.py)
 
 
 class Dialect(StrEnum):
@@ -89,7 +91,7 @@ def _route(path: str, methods: str, dialect: Dialect, way: Way = Way.VIEW) -> Ro
 
 
 NAT, OAI, ANT, RSP = Dialect.NATIVE, Dialect.OPENAI, Dialect.ANTHROPIC, Dialect.RESPONSES
-LIVENESS, STREAM, EVENTS = Way.LIVENESS, Way.STREAM, Way.EVENTS
+LIVENESS, STREAM, EVENTS, CONSOLE = Way.LIVENESS, Way.STREAM, Way.EVENTS, Way.CONSOLE
 
 ROUTES: tuple[Route, ...] = (
     # Liveness: answered at once, even before the app exists (api/liveness.py).
@@ -126,6 +128,10 @@ ROUTES: tuple[Route, ...] = (
     # A blob's upload streams to disk (api/blob_upload.py); its HEAD is a view.
     _route("/api/blobs/<digest>", "POST", NAT, STREAM),
     _route("/api/blobs/<digest>", "HEAD", NAT),
+    # The console in the browser (docs/console.md): its page and files.
+    _route("/ui", "GET HEAD", NAT, CONSOLE),
+    _route("/ui/", "GET HEAD", NAT, CONSOLE),
+    _route("/ui/<path:file>", "GET HEAD", NAT, CONSOLE),
 )
 
 
@@ -160,6 +166,10 @@ _NATIVE_SCOPES: dict[str, Scope] = {
     "/api/delete": Scope.ADMIN,
     "/api/blobs/<digest>": Scope.ADMIN,
     "/metrics": Scope.METRICS,
+    # Static files: the page asks for a key itself, and sends it with each API call.
+    "/ui": Scope.OPEN,
+    "/ui/": Scope.OPEN,
+    "/ui/<path:file>": Scope.OPEN,
 }
 
 

@@ -21,7 +21,8 @@ wrote one piece to the client: the body bytes are never parsed.
 Requests that name no model (``/api/tags``, ``/api/version``, ``/``) go to the first host
 that is up; with one shared model store (``OLLAMA_MODELS`` on shared storage) every host
 answers them alike.  ``/api/ps``, ``/metrics`` and ``/api/events`` are the gateway's own,
-fleet-wide answers (``fleet/gateway_fleetwide.py``).
+fleet-wide answers (``fleet/gateway_fleetwide.py``), and so is the console (``/ui``), which
+shows every host from them.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from ..api.openai.stream import ChatEvents
 from ..api.usage import UsageView, write_usage
 from ..auth.usage import UsageLedger, UsageStore
 from ..config import Settings
+from ..console import PREFIX as CONSOLE
+from ..console import answer_console
 from ..http.drain import Drain
 from ..http.fleet_secret import HEADER as FLEET_SECRET
 from ..http.front import serve_http
@@ -148,6 +151,9 @@ class Gateway:
         path: str = scope["path"]
         method: str = scope["method"]
         headers: list[tuple[bytes, bytes]] = scope["headers"]
+        if method in ("GET", "HEAD") and (path == CONSOLE or path.startswith(CONSOLE + "/")):
+            await answer_console(scope, send)  # the console's files are the gateway's own
+            return
         if method == "GET" and path in fleetwide.FLEETWIDE:
             await fleetwide.answer(self.table, path, receive, send)
             return

@@ -52,7 +52,7 @@ from ..errors import (
 )
 from ..gguf import GGUFInfo
 from ..gguf.speculation import has_mtp_heads
-from ..memory import projector_bytes
+from ..memory import gpu_context_reserve, projector_bytes
 from ..model_config import ModelConfig
 from .admission import Lease, ModelRequest, PendingRequest
 from .calibration import VramCalibration
@@ -198,6 +198,17 @@ class Scheduler:
         going = {r for r in runners if r.evicting and r.state is not RunnerState.UNLOADING}
         rooms, host = free_room(runners, inventory, going, (), self.calibration)
         return [(room.id, room.free) for room in rooms] + [("host", host)]
+
+    async def device_totals(self) -> list[tuple[str, str, int, int]]:
+        """Each GPU's ``(id, name, total, reserve)``, then the host RAM's (``"host"``, last):
+        ``reserve`` is what placement keeps back on a GPU (``OLLAMA_GPU_OVERHEAD`` and a
+        runner's context), nothing on the host.  For the console's device bars."""
+        inventory = await self._devices.inventory()
+        overhead = self.settings.gpu_overhead
+        return [
+            (gpu.id, gpu.name, gpu.total, overhead + gpu_context_reserve(gpu.library))
+            for gpu in inventory.gpus
+        ] + [("host", "host RAM", inventory.system.total, 0)]
 
     def runners(self) -> list[Runner]:
         """Every runner the scheduler holds (loading, ready, unloading); for metrics."""

@@ -131,6 +131,12 @@ class OllamaApi:
                     {"device": device, "free": free}
                     for device, free in await self.ctx.scheduler.free_memory()
                 ],
+                # Ours: each device's size and what placement keeps back on it, for the
+                # console's device bars (docs/console.md).
+                "devices": [
+                    {"device": device, "name": name, "total": total, "reserve": reserve}
+                    for device, name, total, reserve in await self.ctx.scheduler.device_totals()
+                ],
             }
         )
 
