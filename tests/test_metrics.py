@@ -129,7 +129,7 @@ async def test_requests_tokens_and_runner_series_move(api_server) -> None:
     embed_prompt = emb.json()["prompt_eval_count"]
     assert value(after, "ollamatrio_prompt_tokens_total", model="tiny-embed:latest") == embed_prompt
 
-    assert value(after, "ollamatrio_time_to_first_token_seconds_count") == 3
+    assert value(after, "ollamatrio_time_to_first_token_seconds_count", model="tiny:latest") == 3
     assert value(after, "ollamatrio_queue_wait_seconds_count") == 4  # 3 generations + embed
     assert value(after, "ollamatrio_loads_total", model="tiny:latest", result="ok") == 1
     assert value(after, "ollamatrio_loads_total", model="tiny-embed:latest", result="ok") == 1

@@ -100,7 +100,7 @@ class ServerMetrics:
         self.ttft = Histogram(
             "ollamatrio_time_to_first_token_seconds",
             "Time from a generation request's arrival to its first generated content",
-            buckets=_TTFT_BUCKETS, registry=registry,
+            ["model"], buckets=_TTFT_BUCKETS, registry=registry,
         )  # fmt: skip
         self.tokens = Counter(
             "ollamatrio_tokens_generated", "Tokens generated (final eval_count of each request)",
@@ -168,7 +168,7 @@ class ServerMetrics:
         the final chunk's counts if it got that far."""
         self.lease_taken(gen.lease)
         if gen.first_content_at is not None:
-            self.ttft.observe(gen.first_content_at - gen.started)
+            self.ttft.labels(gen.lease.runner.name).observe(gen.first_content_at - gen.started)
         if gen.final is not None:
             final = gen.final
             cached = final.prompt_cached_count

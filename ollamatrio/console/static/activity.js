@@ -3,7 +3,7 @@
 
 import { lineChart } from "./chart.js";
 import { $, fill, fullName, h } from "./dom.js";
-import { byLabel, total } from "./prom.js";
+import { byLabel } from "./prom.js";
 
 const KEPT_EVENTS = 50;
 export const CHART_SPAN = 600; // seconds of history the charts show
@@ -64,28 +64,36 @@ export function renderLoads(state) {
   );
 }
 
-// One point per model (tokens/s) and one for the server (mean time to first token) from
-// the counters' growth since the previous reading.
+// One point per model for each chart (tokens/s; mean time to first token) from the
+// counters' growth since the previous reading.
 export function recordMetrics(history, samples, now) {
   const tokens = byLabel(samples, "ollamatrio_tokens_generated_total", "model");
-  const ttftSum = total(samples, "ollamatrio_time_to_first_token_seconds_sum");
-  const ttftCount = total(samples, "ollamatrio_time_to_first_token_seconds_count");
+  const ttftSum = byLabel(samples, "ollamatrio_time_to_first_token_seconds_sum", "model");
+  const ttftCount = byLabel(samples, "ollamatrio_time_to_first_token_seconds_count", "model");
   const last = history.last;
   if (last) {
     const dt = now - last.now;
     for (const [model, count] of Object.entries(tokens)) {
       const grown = count - (last.tokens[model] ?? count);
-      const points = history.tokens.get(model) || [];
-      points.push([now, Math.max(0, grown) / dt]);
-      history.tokens.set(model, points);
+      append(history.tokens, model, [now, Math.max(0, grown) / dt]);
     }
-    const served = ttftCount - last.ttftCount;
-    history.ttft.push([now, served > 0 ? (ttftSum - last.ttftSum) / served : 0]);
+    for (const [model, count] of Object.entries(ttftCount)) {
+      const served = count - (last.ttftCount[model] ?? 0);
+      const waited = (ttftSum[model] ?? 0) - (last.ttftSum[model] ?? 0);
+      // A reading with no first token leaves a gap rather than a false zero.
+      if (served > 0) append(history.ttft, model, [now, waited / served]);
+    }
   }
   history.last = { now, tokens, ttftSum, ttftCount };
-  for (const points of [...history.tokens.values(), history.ttft]) {
+  for (const points of [...history.tokens.values(), ...history.ttft.values()]) {
     while (points.length && now - points[0][0] > CHART_SPAN) points.shift();
   }
+}
+
+function append(series, model, point) {
+  const points = series.get(model) || [];
+  points.push(point);
+  series.set(model, points);
 }
 
 export function renderCharts(history, now, allowed) {
@@ -93,9 +101,9 @@ export function renderCharts(history, now, allowed) {
     fill($("charts"), [h("p", { class: "empty", text: "The charts need a key with the metrics scope." })]);
     return;
   }
-  const series = [...history.tokens].map(([name, points]) => ({ name, points }));
+  const series = (map) => [...map].map(([name, points]) => ({ name, points }));
   fill($("charts"), [
-    lineChart("Tokens per second", "tokens/s", series, CHART_SPAN, now),
-    lineChart("Time to first token (all models)", "s", [{ name: "mean", points: history.ttft }], CHART_SPAN, now),
+    lineChart("Tokens per second", "tokens/s", series(history.tokens), CHART_SPAN, now),
+    lineChart("Time to first token (mean)", "s", series(history.ttft), CHART_SPAN, now),
   ]);
 }

@@ -19,7 +19,7 @@ const state = {
   ps: { models: [], free_memory: [], devices: [] },
   loading: new Map(), // full model name -> {completed, total}: loads the events announced
   samples: [], // the last /metrics reading
-  history: { tokens: new Map(), ttft: [], last: null },
+  history: { tokens: new Map(), ttft: new Map(), last: null },
   tags: [],
   scopes: { admin: false, metrics: false },
   fleet: false,

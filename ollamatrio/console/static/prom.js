@@ -27,6 +27,3 @@ export function byLabel(samples, name, by) {
   return out;
 }
 
-export function total(samples, name) {
-  return samples.filter((s) => s.name === name).reduce((sum, s) => sum + s.value, 0);
-}
