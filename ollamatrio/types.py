@@ -237,3 +237,12 @@ class Chunk:
 class Embeddings:
     vectors: list[list[float]]  # L2-normalised
     prompt_eval_count: int = 0
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """A reranker's relevance scores, one per document in the order given (higher: more
+    relevant; a model's raw score, not a probability)."""
+
+    scores: list[float]
+    prompt_eval_count: int = 0
