@@ -9,6 +9,8 @@
     preload = true            # loaded at start-up, in the background
     gpus = [0]                # GPU indices or ids ("GPU-…"); [] or "cpu": CPU only
     prompt_cache = 512        # host-RAM prompt cache in MiB (0: off; OLLAMATRIO_PROMPT_CACHE)
+    kv_cache_type = "q8_0"    # both KV cache sides (OLLAMA_KV_CACHE_TYPE) ...
+    kv_cache_type_v = "f16"   # ... or one side: kv_cache_type_k, kv_cache_type_v
 
     [models.nomic-embed-text]
     pinned = true             # never evicted, never expires
@@ -32,6 +34,7 @@ from typing import Any
 from .config import parse_keep_alive
 from .devices import GpuInfo
 from .errors import InvalidRequestError, OllamatrioError
+from .kv_cache import kv_type_name
 from .store.names import InvalidModelNameError, ModelName
 
 CPU_ONLY = "cpu"
@@ -56,6 +59,20 @@ class ModelSettings:
     # None: any GPU; (): CPU only.
     gpus: tuple[int | str, ...] | None = None
     prompt_cache: int | None = None  # MiB of host-RAM prompt cache; 0 = off
+    # KV cache types (ollamatrio/kv_cache.py): both sides, then each side's own.
+    kv_cache_type: str | None = None
+    kv_cache_type_k: str | None = None
+    kv_cache_type_v: str | None = None
+
+    @property
+    def kv_cache_types(self) -> Mapping[str, str | None]:
+        """The KV cache settings by name, as :func:`~ollamatrio.kv_cache.requested_kv_types`
+        reads a layer."""
+        return {
+            "kv_cache_type": self.kv_cache_type,
+            "kv_cache_type_k": self.kv_cache_type_k,
+            "kv_cache_type_v": self.kv_cache_type_v,
+        }
 
     def allows(self, gpu: GpuInfo) -> bool:
         if self.gpus is None:
@@ -199,6 +216,9 @@ def _model_settings(table: Mapping[str, Any]) -> ModelSettings:
         "preload": _bool,
         "gpus": _gpus,
         "prompt_cache": _mib,
+        "kv_cache_type": _kv_type,
+        "kv_cache_type_k": _kv_type,
+        "kv_cache_type_v": _kv_type,
     }
     values: dict[str, Any] = {}
     for key, value in table.items():
@@ -233,6 +253,12 @@ def _mib(value: object) -> int:
     if value < 0:
         raise ValueError(f"must be 0 (off) or more MiB, not {value}")
     return value
+
+
+def _kv_type(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"must be a KV cache type name, not {_type_name(value)}")
+    return kv_type_name(value)
 
 
 def _bool(value: object) -> bool:

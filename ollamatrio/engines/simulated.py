@@ -388,6 +388,8 @@ class SimulatedEngineFactory:
                 num_parallel=spec.num_parallel,
                 num_batch=spec.num_batch,
                 kv_cache_type=spec.kv_cache_type,
+                kv_cache_type_k=spec.kv_cache_type_k,
+                kv_cache_type_v=spec.kv_cache_type_v,
                 flash_attention=spec.flash_attention,
                 projector=projector_bytes(await read_model_info(spec.projector))
                 if spec.projector

@@ -11,10 +11,13 @@ Bn codes in this module name Ollama's behaviours, each defined in docs/behaviour
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidRequestError
+from ..kv_cache import DEFAULT as DEFAULT_KV_TYPE
+from ..kv_cache import KEYS as KV_KEYS
+from ..kv_cache import KvCacheTypes, requested_kv_types
 
 GiB = 1 << 30
 
@@ -40,6 +43,9 @@ class LoadOptions:
     num_parallel: int
     context_shift: bool = True  # B27: the request's shift, else on (off for deepseek2)
     embeddings: bool = False  # loaded in embedding mode: it embeds, and generates too
+    # As asked (a request's options, the model's config, the server's); the runner may
+    # still fall back to f16 for a side this model cannot use (kv_cache.py).
+    kv_cache_types: KvCacheTypes = field(default_factory=KvCacheTypes)
 
 
 def _int_option(options: Mapping[str, Any], key: str) -> int | None:
@@ -87,12 +93,14 @@ def resolve_load_options(
     architecture: str = "",
     has_projector: bool = False,
     shift: bool | None = None,
+    kv_cache_types: KvCacheTypes | None = None,
 ) -> LoadOptions:
     """Turn merged request options into what the runner is loaded with (B1, B13, B14, B16, B37).
 
     ``embedding_only``: the model cannot generate (one slot, B13); ``embeddings``: the
     request needs embeddings, so the runner is loaded in embedding mode (always so for an
-    embedding-only model)."""
+    embedding-only model); ``kv_cache_types``: the model's configured (else the server's)
+    KV cache types, which the options' ``kv_cache_type``, ``_k`` and ``_v`` override."""
     embeddings = embeddings or embedding_only
     requested_ctx = _int_option(options, "num_ctx")
     num_ctx_auto = requested_ctx is None and not context_length_configured
@@ -118,6 +126,12 @@ def resolve_load_options(
 
     num_gpu = _int_option(options, "num_gpu")
     num_thread = _int_option(options, "num_thread")
+    configured = kv_cache_types or KvCacheTypes()
+    kv_types = requested_kv_types(
+        [{key: options.get(key) for key in KV_KEYS}, {"kv_cache_type_k": configured.k,
+                                                      "kv_cache_type_v": configured.v}],
+        DEFAULT_KV_TYPE,
+    )  # fmt: skip
     return LoadOptions(
         num_ctx=num_ctx,
         num_ctx_auto=num_ctx_auto,
@@ -130,6 +144,7 @@ def resolve_load_options(
         num_parallel=slots,
         context_shift=shift if shift is not None else architecture != "deepseek2",
         embeddings=embeddings,
+        kv_cache_types=kv_types,
     )
 
 
@@ -156,5 +171,7 @@ def needs_reload(loaded: LoadOptions, wanted: LoadOptions) -> bool:
     if wanted.context_shift != loaded.context_shift:
         return True  # B25: a load-time choice of llama.cpp's
     if wanted.embeddings and not loaded.embeddings:
+        return True
+    if wanted.kv_cache_types != loaded.kv_cache_types:
         return True
     return wanted.num_parallel != loaded.num_parallel

@@ -51,6 +51,7 @@ from ..errors import (
     SchedulerClosedError,
 )
 from ..gguf import GGUFInfo
+from ..kv_cache import requested_kv_types
 from ..memory import projector_bytes
 from ..model_config import ModelConfig
 from .admission import Lease, ModelRequest, PendingRequest
@@ -375,6 +376,9 @@ class Scheduler:
             architecture=info.architecture,
             has_projector=request.projector is not None,
             shift=request.shift,
+            kv_cache_types=requested_kv_types(
+                [configured.kv_cache_types], self.settings.kv_cache_type
+            ),
         )
 
     def _expire_idle_runners(self) -> None:
