@@ -197,7 +197,8 @@ async def test_a_real_reranker_scores_through_httpx_and_cohere(api_server, reran
             assert r.status_code == 400
             assert "exceed the context length" in r.json()["error"]
 
-            co = cohere.AsyncClient(base_url=srv.url, api_key="unused")
+            # Cohere's client on our own httpx client, closed with the block above.
+            co = cohere.AsyncClient(base_url=srv.url, api_key="unused", httpx_client=c)
             answer = await co.rerank(
                 model="tiny-rerank", query=QUERY, documents=DOCUMENTS, top_n=2,
                 return_documents=True,
