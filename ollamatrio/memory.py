@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from ollamatrio.gguf import GGML_QUANT_SIZES, ArraySummary, GGMLQuantizationType, GGUFInfo
+from ollamatrio.kv_cache import KvCacheTypes, requested_kv_types, usable_kv_types
 from ollamatrio.types import MemoryUsage
 
 __all__ = [
@@ -72,7 +73,6 @@ _KV_TYPES: Final[Mapping[str, GGMLQuantizationType]] = {
     name: GGMLQuantizationType[name.upper()]
     for name in ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 }
-_UNQUANTIZED_KV: Final = frozenset({"f32", "f16", "bf16"})
 
 
 def gpu_context_reserve(library: str) -> int:
@@ -109,14 +109,18 @@ class MemoryOptions:
     """The load options that change memory; ``num_ctx`` is per slot, as in Ollama.
 
     ``flash_attention=None`` means llama.cpp's *auto*, which it resolves to enabled on the
-    CPU and on GPUs that support it; a quantized KV cache is honoured only when flash
-    attention is explicitly on (the runner falls back to f16 otherwise, as Ollama does).
+    CPU and on GPUs that support it; a quantized V cache is honoured only when flash
+    attention is explicitly on (the runner falls back to f16 otherwise; kv_cache.py has
+    every rule).  ``kv_cache_type`` is both sides' type, unless ``kv_cache_type_k`` or
+    ``kv_cache_type_v`` names one side's.
     """
 
     num_ctx: int
     num_parallel: int = 1
     num_batch: int = 512
     kv_cache_type: str = "f16"
+    kv_cache_type_k: str = ""
+    kv_cache_type_v: str = ""
     flash_attention: bool | None = False
     projector: int = 0  # a vision projector's bytes (:func:`projector_bytes`), 0 without one
     draft: int = 0  # a draft model's bytes (:func:`draft_bytes`), 0 without one
@@ -261,7 +265,8 @@ class Estimate:
     num_ctx: int  # per slot, after clamping to the training context
     num_parallel: int
     n_ubatch: int  # tokens per compute graph
-    kv_cache_type: str  # as the runner will really use it
+    kv_cache_type_k: str  # as the runner will really use it
+    kv_cache_type_v: str
     flash_attention: bool  # as llama.cpp will resolve it on the CPU
     layer_weights: tuple[int, ...]
     layer_kv: tuple[int, ...]
@@ -287,6 +292,11 @@ class Estimate:
     @property
     def block_count(self) -> int:
         return len(self.layer_weights)
+
+    @property
+    def kv_cache_type(self) -> str:
+        """Both sides' type, or ``K <type>, V <type>`` when they differ."""
+        return str(KvCacheTypes(self.kv_cache_type_k, self.kv_cache_type_v))
 
     @property
     def weights(self) -> int:
@@ -336,10 +346,19 @@ def estimate(model: GGUFInfo | ModelProfile, opts: MemoryOptions) -> Estimate:
         batch = max(batch, min(ctx, EMBEDDING_BATCH_CAP))
     ubatch = min(batch, ctx * par)
 
-    kv_name = (opts.kv_cache_type or "f16").lower()
-    kv_type = _kv_type(kv_name)
-    if kv_name not in _UNQUANTIZED_KV and opts.flash_attention is not True:
-        kv_name, kv_type = "f16", GGMLQuantizationType.F16
+    wanted = requested_kv_types(
+        [{"kv_cache_type_k": opts.kv_cache_type_k, "kv_cache_type_v": opts.kv_cache_type_v}],
+        opts.kv_cache_type or "f16",
+    )
+    for name in (wanted.k, wanted.v):
+        _kv_type(name)  # an unknown name is the caller's error here: ValueError
+    kv, _ = usable_kv_types(
+        wanted,
+        flash_attention=opts.flash_attention is True,
+        head_dim_k=p.head_dim_k,
+        head_dim_v=p.head_dim_v,
+    )
+    k_type, v_type = _kv_type(kv.k), _kv_type(kv.v)
     flash = opts.flash_attention is not False  # auto resolves to enabled on the CPU
 
     cells = _pad(ctx)  # per sequence; llama.cpp keeps one stream per slot
@@ -349,7 +368,7 @@ def estimate(model: GGUFInfo | ModelProfile, opts: MemoryOptions) -> Estimate:
         hkv = p.kv_heads[i]
         if hkv > 0 and p.heads[i] > 0:
             n = swa_cells if p.swa_layers[i] else cells
-            row = _row_bytes(kv_type, p.head_dim_k * hkv) + _row_bytes(kv_type, p.head_dim_v * hkv)
+            row = _row_bytes(k_type, p.head_dim_k * hkv) + _row_bytes(v_type, p.head_dim_v * hkv)
             layer_kv.append(par * n * row)
         else:
             layer_kv.append(par * p.ssm_state)
@@ -380,7 +399,8 @@ def estimate(model: GGUFInfo | ModelProfile, opts: MemoryOptions) -> Estimate:
         num_ctx=ctx,
         num_parallel=par,
         n_ubatch=ubatch,
-        kv_cache_type=kv_name,
+        kv_cache_type_k=kv.k,
+        kv_cache_type_v=kv.v,
         flash_attention=flash,
         layer_weights=p.layer_weights,
         layer_kv=tuple(layer_kv),

@@ -10,6 +10,8 @@
     gpus = [0]                # GPU indices or ids ("GPU-…"); [] or "cpu": CPU only
     prompt_cache = 512        # host-RAM prompt cache in MiB (0: off; OLLAMATRIO_PROMPT_CACHE)
     draft_num_predict = 6     # tokens a draft model drafts per step (a request's still wins)
+    kv_cache_type = "q8_0"    # both KV cache sides (OLLAMA_KV_CACHE_TYPE) ...
+    kv_cache_type_v = "f16"   # ... or one side: kv_cache_type_k, kv_cache_type_v
 
     [models.nomic-embed-text]
     pinned = true             # never evicted, never expires
@@ -33,6 +35,7 @@ from typing import Any
 from .config import parse_keep_alive
 from .devices import GpuInfo
 from .errors import InvalidRequestError, OllamatrioError
+from .kv_cache import kv_type_name
 from .store.names import InvalidModelNameError, ModelName
 
 CPU_ONLY = "cpu"
@@ -58,6 +61,20 @@ class ModelSettings:
     gpus: tuple[int | str, ...] | None = None
     prompt_cache: int | None = None  # MiB of host-RAM prompt cache; 0 = off
     draft_num_predict: int | None = None  # default tokens drafted per step; 0 = no drafting
+    # KV cache types (ollamatrio/kv_cache.py): both sides, then each side's own.
+    kv_cache_type: str | None = None
+    kv_cache_type_k: str | None = None
+    kv_cache_type_v: str | None = None
+
+    @property
+    def kv_cache_types(self) -> Mapping[str, str | None]:
+        """The KV cache settings by name, as :func:`~ollamatrio.kv_cache.requested_kv_types`
+        reads a layer."""
+        return {
+            "kv_cache_type": self.kv_cache_type,
+            "kv_cache_type_k": self.kv_cache_type_k,
+            "kv_cache_type_v": self.kv_cache_type_v,
+        }
 
     def allows(self, gpu: GpuInfo) -> bool:
         if self.gpus is None:
@@ -202,6 +219,9 @@ def _model_settings(table: Mapping[str, Any]) -> ModelSettings:
         "gpus": _gpus,
         "prompt_cache": _mib,
         "draft_num_predict": _count,
+        "kv_cache_type": _kv_type,
+        "kv_cache_type_k": _kv_type,
+        "kv_cache_type_v": _kv_type,
     }
     values: dict[str, Any] = {}
     for key, value in table.items():
@@ -244,6 +264,12 @@ def _mib(value: object) -> int:
     if value < 0:
         raise ValueError(f"must be 0 (off) or more MiB, not {value}")
     return value
+
+
+def _kv_type(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"must be a KV cache type name, not {_type_name(value)}")
+    return kv_type_name(value)
 
 
 def _bool(value: object) -> bool:

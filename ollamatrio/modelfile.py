@@ -22,8 +22,9 @@ from typing import Any
 
 from ollamatrio.errors import InvalidRequestError
 from ollamatrio.gofmt import format_float, format_value, quote
+from ollamatrio.kv_cache import kv_type_name
 
-ParamValue = int | float | bool | list[str]
+ParamValue = int | float | bool | str | list[str]
 
 #: Every option a ``PARAMETER`` line may set, with its JSON type (Ollama's ``api.Options``).
 PARAMETER_TYPES: Mapping[str, type] = MappingProxyType(
@@ -36,6 +37,10 @@ PARAMETER_TYPES: Mapping[str, type] = MappingProxyType(
         "use_mmap": bool,
         "num_thread": int,
         "draft_num_predict": int,
+        # ours: the KV cache's type, both sides or one (ollamatrio/kv_cache.py)
+        "kv_cache_type": str,
+        "kv_cache_type_k": str,
+        "kv_cache_type_v": str,
         # per-request sampling options
         "num_keep": int,
         "seed": int,
@@ -234,6 +239,11 @@ def parse_parameter_value(name: str, raw: str) -> int | float | bool | str:
         raise ModelfileError(f"unknown parameter '{name}'")
     if kind is list:
         return raw
+    if kind is str:
+        try:
+            return kv_type_name(raw)
+        except ValueError as exc:
+            raise ModelfileError(str(exc)) from None
     if kind is bool:
         if raw not in _GO_BOOL:
             raise ModelfileError(f"invalid bool value '{raw}' for parameter {name}")
@@ -399,9 +409,10 @@ class _Builder:
             value = parse_parameter_value(name, raw)
         except ModelfileError as exc:
             raise ModelfileError(exc.message, line) from None
-        if isinstance(value, str):  # only a list parameter (stop) comes back as a string
+        if PARAMETER_TYPES[name] is list:  # stop: each line adds one
             stops = self.parameters.setdefault(name, [])
             assert isinstance(stops, list)
+            assert isinstance(value, str)
             stops.append(value)
         else:
             self.parameters[name] = value

@@ -31,7 +31,9 @@ class LoadSpec:
     main_gpu: int | None = None
     tensor_split: tuple[float, ...] = ()  # proportions per entry of gpu_ids
     gpu_ids: tuple[str, ...] = ()  # devices this load may use (GpuInfo.id)
-    kv_cache_type: str = "f16"  # f16 | q8_0 | q4_0
+    kv_cache_type: str = "f16"  # both sides' (ollamatrio/kv_cache.py names them)
+    kv_cache_type_k: str = ""  # the K cache's, when not kv_cache_type
+    kv_cache_type_v: str = ""  # the V cache's, when not kv_cache_type
     flash_attention: bool | None = None  # None: engine decides (auto)
     use_mmap: bool = True
     embedding: bool = False
@@ -244,4 +246,13 @@ class Chunk:
 @dataclass(frozen=True)
 class Embeddings:
     vectors: list[list[float]]  # L2-normalised
+    prompt_eval_count: int = 0
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """A reranker's relevance scores, one per document in the order given (higher: more
+    relevant; a model's raw score, not a probability)."""
+
+    scores: list[float]
     prompt_eval_count: int = 0

@@ -194,9 +194,11 @@ HEADER = (
 def row(r: Result) -> str:
     c = r.case
     flash = {None: "auto", True: "on", False: "off"}[c.flash_attention]
+    k = r.plan.get("kv_cache_type_k", c.kv_cache_type)
+    v = r.plan.get("kv_cache_type_v", c.kv_cache_type)
     return (
         f"| {c.model} | {r.weights / MiB:.0f} | {c.num_ctx} | {c.num_parallel} "
-        f"| {r.plan.get('kv_cache_type', c.kv_cache_type)} | {flash} "
+        f"| {k if k == v else f'K {k}, V {v}'} | {flash} "
         f"| {r.predicted / MiB:.1f} | {'full ctx' if c.fill else 'ubatch+88'} "
         f"| {r.ready_rss / MiB:.1f} | {r.rss / MiB:.1f} "
         f"| {r.uss / MiB:.1f} | {r.error:+.1f} % |"

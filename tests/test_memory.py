@@ -70,23 +70,57 @@ def test_kv_cache_f16(
 
 
 @pytest.mark.parametrize(
-    ("kv_type", "flash", "expected_mib"),
+    ("kv_type", "flash", "expected_mib", "used"),
     [
-        pytest.param("f16", True, 180.0, id="f16-fa"),
-        pytest.param("q8_0", True, 180.0 * 17 / 32, id="q8_0-fa"),
-        pytest.param("q4_0", True, 180.0 * 9 / 32, id="q4_0-fa"),
-        pytest.param("q8_0", False, 180.0, id="q8_0-no-fa-falls-back-to-f16"),
-        pytest.param("q4_0", False, 180.0, id="q4_0-no-fa-falls-back-to-f16"),
-        pytest.param("q8_0", None, 180.0, id="q8_0-auto-fa-falls-back-to-f16"),
-        pytest.param("Q4_0", True, 180.0 * 9 / 32, id="type-name-case-insensitive"),
+        pytest.param("f16", True, 180.0, "f16", id="f16-fa"),
+        pytest.param("q8_0", True, 180.0 * 17 / 32, "q8_0", id="q8_0-fa"),
+        pytest.param("q4_0", True, 180.0 * 9 / 32, "q4_0", id="q4_0-fa"),
+        pytest.param("q8_0", False, 90.0 * 17 / 32 + 90.0, "K q8_0, V f16",
+                     id="q8_0-no-fa-v-falls-back-to-f16"),
+        pytest.param("q4_0", False, 90.0 * 9 / 32 + 90.0, "K q4_0, V f16",
+                     id="q4_0-no-fa-v-falls-back-to-f16"),
+        pytest.param("q8_0", None, 90.0 * 17 / 32 + 90.0, "K q8_0, V f16",
+                     id="q8_0-auto-fa-v-falls-back-to-f16"),
+        pytest.param("Q4_0", True, 180.0 * 9 / 32, "q4_0", id="type-name-case-insensitive"),
     ],
-)
-def test_kv_cache_quantized_only_with_flash_attention(
-    model: Model, kv_type: str, flash: bool | None, expected_mib: float
+)  # fmt: skip
+def test_a_quantized_v_cache_only_with_flash_attention(
+    model: Model, kv_type: str, flash: bool | None, expected_mib: float, used: str
 ):
+    """llama.cpp refuses a quantized V cache without flash attention; a K cache is
+    quantized either way (kv_cache.py)."""
     e = estimate(model(**SMOL), MemoryOptions(8192, kv_cache_type=kv_type, flash_attention=flash))
     assert e.kv / MiB == pytest.approx(expected_mib, abs=1e-9)
-    assert e.kv_cache_type == (kv_type.lower() if flash else "f16")
+    assert e.kv_cache_type == used
+
+
+@pytest.mark.parametrize(
+    ("opts", "k", "v"),
+    [
+        pytest.param(dict(kv_cache_type_k="q8_0"), "q8_0", "f16", id="k-only"),
+        pytest.param(dict(kv_cache_type="q8_0", kv_cache_type_v="f16"), "q8_0", "f16",
+                     id="side-over-both"),
+        pytest.param(dict(kv_cache_type_k="q4_0", kv_cache_type_v="q8_0", flash_attention=True),
+                     "q4_0", "q8_0", id="each-side-its-own"),
+        pytest.param(dict(kv_cache_type_v="q8_0"), "f16", "f16", id="v-needs-flash"),
+        pytest.param(dict(kv_cache_type="f32", kv_cache_type_k="q8_0"), "q8_0", "f32",
+                     id="f32-v"),
+    ],
+)  # fmt: skip
+def test_kv_cache_types_per_side(model: Model, opts: dict[str, Any], k: str, v: str):
+    """Each side's cache is booked at its own type: SmolLM2's K and V rows are equal, so
+    each side is half the f16 total at 8192 (180 MiB)."""
+    e = estimate(model(**SMOL), MemoryOptions(8192, **opts))
+    assert (e.kv_cache_type_k, e.kv_cache_type_v) == (k, v)
+    per_side = {"f16": 90.0, "f32": 180.0, "q8_0": 90.0 * 17 / 32, "q4_0": 90.0 * 9 / 32}
+    assert e.kv / MiB == pytest.approx(per_side[k] + per_side[v], abs=1e-9)
+
+
+def test_a_quantized_side_whose_block_does_not_divide_the_head_size_is_f16(model: Model):
+    """Head size 16 (64 / 4 heads): llama.cpp refuses q8_0 there (blocks of 32)."""
+    options = MemoryOptions(1024, kv_cache_type="q8_0", flash_attention=True)
+    e = estimate(model(layers=2, embd=64, heads=4), options)
+    assert (e.kv_cache_type_k, e.kv_cache_type_v) == ("f16", "f16")
 
 
 @pytest.mark.parametrize(

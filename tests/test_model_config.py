@@ -11,6 +11,7 @@ import pytest
 
 from ollamatrio.config import Settings
 from ollamatrio.devices import GpuInfo
+from ollamatrio.kv_cache import KvCacheTypes, requested_kv_types
 from ollamatrio.model_config import (
     DEFAULT,
     ConfigError,
@@ -116,6 +117,30 @@ def test_keep_alive_values(value: str, seconds: float) -> None:
     assert parse(f"[models.m]\nkeep_alive = {value}\n").lookup("m").keep_alive == seconds
 
 
+def test_kv_cache_types_both_sides_or_one() -> None:
+    config = parse(
+        '[models.a]\nkv_cache_type = "Q8_0"\n'
+        '[models.b]\nkv_cache_type = "q8_0"\nkv_cache_type_v = "f16"\n'
+        '[models.c]\nkv_cache_type_k = "q4_0"\n'
+    )
+    assert config.lookup("a") == ModelSettings(kv_cache_type="q8_0")
+    assert config.lookup("b") == ModelSettings(kv_cache_type="q8_0", kv_cache_type_v="f16")
+    assert config.lookup("c") == ModelSettings(kv_cache_type_k="q4_0")
+    server = "q4_0"  # OLLAMA_KV_CACHE_TYPE
+    assert requested_kv_types([config.lookup("a").kv_cache_types], server) == KvCacheTypes(
+        "q8_0", "q8_0"
+    )
+    assert requested_kv_types([config.lookup("b").kv_cache_types], server) == KvCacheTypes(
+        "q8_0", "f16"
+    )
+    assert requested_kv_types([config.lookup("c").kv_cache_types], "f16") == KvCacheTypes(
+        "q4_0", "f16"
+    )
+    assert requested_kv_types([config.lookup("other").kv_cache_types], server) == KvCacheTypes(
+        "q4_0", "q4_0"
+    )
+
+
 def test_gpus_match_by_index_or_id() -> None:
     settings = parse(EXAMPLE).lookup("llama3.2:3b")
     assert settings.allows(gpu(0, "GPU-aaaa"))
@@ -147,9 +172,16 @@ ERRORS = [
     (
         "[models.m]\nnum_paralel = 2\n",
         "models.m.num_paralel: unknown key (expected one of num_parallel, num_ctx, "
-        "keep_alive, pinned, preload, gpus, prompt_cache, "
-        "draft_num_predict)",
+        "keep_alive, pinned, preload, gpus, prompt_cache, draft_num_predict, kv_cache_type, "
+        "kv_cache_type_k, kv_cache_type_v)",
     ),
+    (
+        '[models.m]\nkv_cache_type_v = "q3_k"\n',
+        "models.m.kv_cache_type_v: unknown KV cache type 'q3_k'; choose from f32, f16, bf16, "
+        "q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1",
+    ),
+    ("[models.m]\nkv_cache_type = 8\n",
+     "models.m.kv_cache_type: must be a KV cache type name, not integer"),
     ('[models.m]\nnum_parallel = "2"\n', "models.m.num_parallel: must be an integer, not string"),
     ("[models.m]\nnum_parallel = 0\n", "models.m.num_parallel: must be at least 1, not 0"),
     ("[models.m]\nnum_ctx = true\n", "models.m.num_ctx: must be an integer, not boolean"),

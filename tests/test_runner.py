@@ -87,20 +87,20 @@ def test_context_and_batch(
 @pytest.mark.parametrize(
     ("flash", "kv", "gpus", "expected_flash", "expected_kv"),
     [
-        (None, "f16", CPU, "auto", "f16"),
-        (True, "q8_0", CPU, "on", "q8_0"),
-        (None, "q8_0", CPU, "auto", "f16"),
-        (False, "q4_0", CPU, "off", "f16"),
-        (True, "q8_0", OLD_CUDA, "off", "f16"),
-        (None, "f16", OLD_CUDA, "off", "f16"),
-        (True, "q4_0", NEW_CUDA, "on", "q4_0"),
-        (True, "q3_k", CPU, "on", "f16"),
+        (None, "f16", CPU, "auto", ("f16", "f16")),
+        (True, "q8_0", CPU, "on", ("q8_0", "q8_0")),
+        (None, "q8_0", CPU, "auto", ("q8_0", "f16")),
+        (False, "q4_0", CPU, "off", ("q4_0", "f16")),
+        (True, "q8_0", OLD_CUDA, "off", ("q8_0", "f16")),
+        (None, "f16", OLD_CUDA, "off", ("f16", "f16")),
+        (True, "q4_0", NEW_CUDA, "on", ("q4_0", "q4_0")),
+        (True, "q3_k", CPU, "on", ("f16", "f16")),
     ],
     ids=[
         "auto-by-default",
         "quantized-kv-with-fa",
-        "quantized-kv-needs-explicit-fa",
-        "quantized-kv-fa-off",
+        "quantized-v-needs-explicit-fa",
+        "quantized-v-fa-off",
         "fa-unsupported-gpu",
         "auto-off-on-unsupported-gpu",
         "fa-on-modern-gpu",
@@ -112,13 +112,18 @@ def test_flash_attention_and_kv_cache(
     kv: str,
     gpus: tuple[GpuFacts, ...],
     expected_flash: str,
-    expected_kv: str,
+    expected_kv: tuple[str, str],
 ) -> None:
     plan = plan_load(
         spec(flash_attention=flash, kv_cache_type=kv, num_gpu=-1), ModelFacts(), gpus=gpus
     )
-    assert (plan.flash_attention, plan.kv_cache_type) == (expected_flash, expected_kv)
-    assert bool(plan.warnings) == (kv != expected_kv or (flash is True and expected_flash == "off"))
+    assert (plan.flash_attention, plan.kv_cache_type_k, plan.kv_cache_type_v) == (
+        expected_flash,
+        *expected_kv,
+    )
+    assert bool(plan.warnings) == (
+        (kv, kv) != expected_kv or (flash is True and expected_flash == "off")
+    )
 
 
 @pytest.mark.parametrize(

@@ -210,3 +210,32 @@ async def test_a_model_too_big_for_its_gpus_offloads_partially_there(autojump_cl
         (info,) = sched.ps()
         assert sorted(info.vram_by_gpu) == ["sim1"]
         assert 0 < info.size_vram < info.size
+
+
+# -- KV cache types ----------------------------------------------------------------------
+
+
+async def test_kv_cache_types_per_model_and_per_side(autojump_clock, models):
+    """The model's config names its sides, a request's options beat it, the server's type
+    fills the rest; each load is booked at the types its runner will really use (a
+    quantized V cache without flash attention at f16, as the runner falls back)."""
+    cfg = config('[models.a]\nkv_cache_type = "q8_0"\nkv_cache_type_v = "f16"\n')
+    async with scheduler(config=cfg, kv_cache_type="q4_0") as (sched, _, _):
+        await use(sched, req(models, "a"))
+        await use(sched, req(models, "b"))
+        await use(sched, req(models, "c", options={"kv_cache_type_k": "f16"}))
+
+        def sides(name: str) -> tuple[str, str]:
+            runner = sched.runner(str(models[name]))
+            assert runner is not None
+            return runner.spec.kv_cache_type_k, runner.spec.kv_cache_type_v
+
+        assert sides("a") == ("q8_0", "f16")
+        assert sides("b") == ("q4_0", "q4_0")  # the runner will use f16 for V
+        assert sides("c") == ("f16", "q4_0")
+        size = {info.name: info.size for info in sched.ps()}
+        # K: q4_0 < q8_0 < f16; V is f16 in all three.
+        assert size["b"] < size["a"] < size["c"]
+        # Another K type for the same model reloads it.
+        await use(sched, req(models, "a", options={"kv_cache_type": "f16"}))
+        assert sides("a") == ("f16", "f16")

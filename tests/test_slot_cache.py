@@ -196,11 +196,18 @@ def test_sweep_removes_cut_short_saves_and_applies_a_smaller_bound(
 
 def test_the_key_follows_everything_that_shapes_the_kv_cache() -> None:
     spec = LoadSpec(model_path="/store/blobs/sha256-aaa", name="m", num_ctx=4096)
-    plan = {"n_batch": 512, "n_ubatch": 512, "flash_attention": "auto", "kv_cache_type": "f16"}
+    plan = {
+        "n_batch": 512,
+        "n_ubatch": 512,
+        "flash_attention": "auto",
+        "kv_cache_type_k": "f16",
+        "kv_cache_type_v": "f16",
+    }
     key = cache_key(spec, plan, 4096)
     assert cache_key(LoadSpec(model_path="/x/sha256-aaa", name="other"), plan, 4096) == key
     assert cache_key(spec, plan, 2048) != key
-    assert cache_key(spec, {**plan, "kv_cache_type": "q8_0"}, 4096) != key
+    assert cache_key(spec, {**plan, "kv_cache_type_k": "q8_0"}, 4096) != key
+    assert cache_key(spec, {**plan, "kv_cache_type_v": "q8_0"}, 4096) != key
     assert cache_key(spec, {**plan, "flash_attention": "on"}, 4096) != key
     assert cache_key(spec, {**plan, "n_batch": 256}, 4096) != key
     other_model = LoadSpec(model_path="/store/blobs/sha256-bbb", name="m")

@@ -18,6 +18,7 @@ from typing import Any
 from ..config import parse_keep_alive
 from ..devices import cpu_count
 from ..errors import InvalidRequestError, RequestTooLargeError
+from ..kv_cache import KV_CACHE_TYPES, kv_type_name
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ MAX_NUM_CTX = 1 << 24
 
 # Options with their JSON types (docs/api.md, Conventions).  Others are ignored, as Ollama does.
 _INT, _FLOAT, _BOOL, _STRINGS = "integer", "float", "boolean", "array of strings"
+_KV_TYPE = "KV cache type"
 OPTION_TYPES: Mapping[str, str] = {
     # load-time
     "num_ctx": _INT, "num_batch": _INT, "num_gpu": _INT, "main_gpu": _INT,
@@ -42,6 +44,8 @@ OPTION_TYPES: Mapping[str, str] = {
     "frequency_penalty": _FLOAT, "stop": _STRINGS,
     # extension (not in Ollama): never stop at end-of-generation tokens (benchmarks)
     "ignore_eos": _BOOL,
+    # extension, load-time: the KV cache's type, both sides or one (ollamatrio/kv_cache.py)
+    "kv_cache_type": _KV_TYPE, "kv_cache_type_k": _KV_TYPE, "kv_cache_type_v": _KV_TYPE,
 }  # fmt: skip
 
 
@@ -306,6 +310,13 @@ def check_option(key: str, value: Any, label: str | None = None) -> Any:
         if not isinstance(value, bool):
             raise InvalidRequestError(f"{label} must be of type boolean")
         return value
+    if kind == _KV_TYPE:
+        try:
+            return kv_type_name(value if isinstance(value, str) else "")
+        except ValueError:
+            raise InvalidRequestError(
+                f"{label} must be one of {', '.join(KV_CACHE_TYPES)}"
+            ) from None
     if isinstance(value, str):  # a single stop string, as Modelfiles write it
         return [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

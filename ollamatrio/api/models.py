@@ -163,15 +163,23 @@ class Capability(enum.StrEnum):
     VISION = "vision"
     THINKING = "thinking"
     MTP = "mtp"  # not Ollama's: the file carries multi-token-prediction heads
+    RERANK = "rerank"  # ours: a cross-encoder (rank pooling) that /api/rerank serves
+
+
+# ``<arch>.pooling_type`` of a reranker (gguf.PoolingType.RANK): llama.cpp scores pairs.
+_RANK_POOLING = 4
 
 
 def capabilities(model: Model, info: GGUFInfo) -> list[str]:
     """As Ollama derives them: embedding when the GGUF declares a pooling type, else
-    completion; tools/insert/thinking from the template; vision with a projector; and mtp
-    when the file carries multi-token-prediction heads (speculative decoding's drafter)."""
+    completion; tools/insert/thinking from the template; vision with a projector.  Ours
+    besides: mtp when the file carries multi-token-prediction heads (speculative decoding's
+    drafter), rerank when the pooling type is rank."""
     caps: list[str] = [
         Capability.EMBEDDING if info.pooling_type is not None else Capability.COMPLETION
     ]
+    if info.pooling_type == _RANK_POOLING:
+        caps.append(Capability.RERANK)
     # Both templates count: a Go TEMPLATE layer renders plain prompts, while tool calls go
     # through the GGUF's own (Jinja) template.  Ollama matches variable names without case.
     template = f"{model.template or ''}\n{info.chat_template or ''}".lower()

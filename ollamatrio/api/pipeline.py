@@ -16,7 +16,7 @@ import trio
 from ..errors import QueueFullError
 from ..generation.completion import chat_completion
 from ..generation.images import runner_images
-from ..generation.requests import ChatRequest, EmbedRequest, GenerateRequest
+from ..generation.requests import ChatRequest, EmbedRequest, GenerateRequest, RerankRequest
 from ..gguf import GGUFInfo
 from ..scheduler import ModelRequest
 from ..store import Model
@@ -140,6 +140,54 @@ async def embed(ctx: ApiContext, req: EmbedRequest) -> Embedded:
         state.tokens_used(result.prompt_eval_count)
     return Embedded(
         result.vectors,
+        result.prompt_eval_count,
+        lease.load_duration,
+        trio.current_time() - started,
+    )
+
+
+@dataclass(frozen=True)
+class Reranked:
+    """A rerank request's result: ``(document index, score)`` pairs, best first, cut to
+    the request's ``top_n``."""
+
+    ranked: list[tuple[int, float]]
+    prompt_eval_count: int
+    load_duration: float  # seconds
+    total_duration: float  # seconds
+
+
+async def rerank(ctx: ApiContext, req: RerankRequest) -> Reranked:
+    """Score ``req.documents`` against ``req.query`` with a reranker; no documents only
+    loads the model.  Scheduled as embeddings are (the model's runner, loaded in embedding
+    mode with its rank pooling); a model that is no reranker is a 400."""
+    started = trio.current_time()
+    refuse_when_queue_full(ctx)
+    model = await ctx.resolve(req.model, scheduled=True)
+    assert model.model_path is not None
+    info = await ctx.gguf(str(model.model_path))
+    require_loadable(req.model, info)
+    caps = capabilities(model, info)
+    require(req.model, caps, "rerank")
+    merged = merge_options(model.params, req.options)
+    model_request = ctx.model_request(
+        model, merged, req.keep_alive, caps, embedding=True, cost=estimated_cost(req)
+    )
+    metrics = ctx.metrics
+    async with ctx.scheduler.lease(model_request) as lease:
+        if metrics is not None:
+            metrics.lease_taken(lease)
+        if not req.documents:
+            return Reranked([], 0, lease.load_duration, trio.current_time() - started)
+        result = await lease.engine.rerank(req.query, req.documents)
+    if metrics is not None:
+        metrics.tokens_counted(lease.runner.name, result.prompt_eval_count)
+    if (state := current_request()) is not None:
+        state.tokens_used(result.prompt_eval_count)
+    # Best first; equal scores keep the documents' order (a stable sort).
+    ranked = sorted(enumerate(result.scores), key=lambda pair: -pair[1])
+    return Reranked(
+        ranked[: req.top_n] if req.top_n is not None else ranked,
         result.prompt_eval_count,
         lease.load_duration,
         trio.current_time() - started,

@@ -11,7 +11,7 @@ before anything is tokenized: a character count over :data:`CHARS_PER_TOKEN`.
 from __future__ import annotations
 
 from ..errors import InvalidRequestError
-from ..generation.requests import ChatRequest, EmbedRequest, GenerateRequest
+from ..generation.requests import ChatRequest, EmbedRequest, GenerateRequest, RerankRequest
 from ..scheduler.fair_queue import PRIORITIES, Priority
 
 FIELD = "priority"  # the body's field
@@ -31,13 +31,15 @@ def checked_priority(value: object) -> Priority:
     )
 
 
-def estimated_cost(req: GenerateRequest | ChatRequest | EmbedRequest) -> int:
+def estimated_cost(req: GenerateRequest | ChatRequest | EmbedRequest | RerankRequest) -> int:
     """The tokens ``req``'s prompt will be, estimated from its characters (at least 1)."""
     if isinstance(req, GenerateRequest):
         chars = len(req.prompt) + len(req.system) + len(req.suffix)
     elif isinstance(req, ChatRequest):
         chars = sum(len(m.content) + len(m.thinking) for m in req.messages)
         chars += sum(len(str(tool)) for tool in req.tools)
+    elif isinstance(req, RerankRequest):  # the query goes with every document
+        chars = sum(len(req.query) + len(doc) for doc in req.documents)
     else:
         chars = sum(len(text) for text in req.inputs)
     return max(1, chars // CHARS_PER_TOKEN)

@@ -111,6 +111,7 @@ ROUTES: tuple[Route, ...] = (
     # One-piece answers (Quart views).
     _route("/api/embed", "POST", NAT),
     _route("/api/embeddings", "POST", NAT),
+    _route("/api/rerank", "POST", NAT),  # ours: Ollama has none (api/rerank_wire.py)
     _route("/api/tags", "GET HEAD", NAT),
     _route("/api/show", "POST", NAT),
     _route("/api/ps", "GET", NAT),
@@ -120,6 +121,7 @@ ROUTES: tuple[Route, ...] = (
     _route("/metrics", "GET", NAT),
     _route("/api/usage", "GET", NAT),  # each key's usage (api/usage.py)
     _route("/v1/embeddings", "POST", OAI),
+    _route("/v1/rerank", "POST", OAI),  # llama-server's, Jina's and Cohere's shape
     _route("/v1/models", "GET", OAI),
     # Names hold ":" and "/" (namespace/model:tag): the path converter takes both.
     _route("/v1/models/<path:model>", "GET", OAI),
@@ -154,6 +156,7 @@ _NATIVE_SCOPES: dict[str, Scope] = {
     "/api/chat": Scope.INFERENCE,
     "/api/embed": Scope.INFERENCE,
     "/api/embeddings": Scope.INFERENCE,
+    "/api/rerank": Scope.INFERENCE,
     "/api/tags": Scope.INFERENCE,
     "/api/show": Scope.INFERENCE,
     "/api/ps": Scope.INFERENCE,

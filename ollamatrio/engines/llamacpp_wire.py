@@ -452,6 +452,22 @@ def embedding_vectors(
 
 # Ollama's answer (400) when an embedding input does not fit and may not be truncated.
 EMBED_INPUT_TOO_LONG = "the input length exceeds the context length"
+# Ours, when a query and one document together do not fit the runner's batch.
+RERANK_INPUT_TOO_LONG = "a query and document together exceed the context length"
+
+
+def rerank_scores(response: Mapping[str, Any], count: int) -> list[float]:
+    """Scores from a ``/v1/rerank`` response (asked for every document), in the order the
+    documents were given."""
+    scores: list[float | None] = [None] * count
+    for result in response.get("results") or ():
+        index = int(result.get("index", -1))
+        if 0 <= index < count:
+            scores[index] = float(result["relevance_score"])
+    if any(score is None for score in scores):
+        found = sum(score is not None for score in scores)
+        raise RunnerReportedError(f"runner returned {found} scores for {count} documents")
+    return [score for score in scores if score is not None]
 
 
 def is_embedding_input_limit(message: str) -> bool:

@@ -57,7 +57,7 @@ from ollamatrio.errors import OllamatrioError, RunnerCrashedError, RunnerError
 from ollamatrio.runner.events import RunnerMemory, RunnerReady
 from ollamatrio.runner.options import RunnerConfig
 from ollamatrio.slot_cache import SAVE_SECONDS, SlotCache, cache_key
-from ollamatrio.types import CompletionRequest, Embeddings, LoadSpec, MemoryUsage
+from ollamatrio.types import CompletionRequest, Embeddings, LoadSpec, MemoryUsage, Ranking
 
 if TYPE_CHECKING:
     from ollamatrio.config import Settings
@@ -432,6 +432,12 @@ class ProcessEngine(RunnerClient):
     ) -> Embeddings:
         try:
             return await super().embed(inputs, truncate=truncate, dimensions=dimensions)
+        finally:
+            self._spare_used()
+
+    async def rerank(self, query: str, documents: Sequence[str]) -> Ranking:
+        try:
+            return await super().rerank(query, documents)
         finally:
             self._spare_used()
 

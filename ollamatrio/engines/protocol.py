@@ -26,7 +26,7 @@ from typing import Protocol
 
 import trio
 
-from ..types import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage
+from ..types import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage, Ranking
 
 
 class ChunkBatches(Protocol):
@@ -102,6 +102,10 @@ class Engine(Protocol):
     async def embed(
         self, inputs: Sequence[str], *, truncate: bool = True, dimensions: int | None = None
     ) -> Embeddings: ...
+
+    async def rerank(self, query: str, documents: Sequence[str]) -> Ranking:
+        """Score each document against ``query`` (a model loaded with rank pooling)."""
+        ...
 
     async def tokenize(self, text: str) -> list[int]: ...
 

@@ -27,6 +27,7 @@ import trio
 from ollamatrio.engines.chunk_stream import ChunkStream, GenerationContext, stall_guard
 from ollamatrio.engines.llamacpp_wire import (
     EMBED_INPUT_TOO_LONG,
+    RERANK_INPUT_TOO_LONG,
     ChatStream,
     CompletionStream,
     RunnerReportedError,
@@ -35,6 +36,7 @@ from ollamatrio.engines.llamacpp_wire import (
     embedding_vectors,
     is_embedding_input_limit,
     raise_for_error,
+    rerank_scores,
     stop_sequences,
 )
 from ollamatrio.engines.runner_http import RunnerConnectionError, RunnerHttp
@@ -48,7 +50,7 @@ from ollamatrio.errors import (
     TransportError,
 )
 from ollamatrio.runner.options import is_oom
-from ollamatrio.types import CompletionRequest, Embeddings
+from ollamatrio.types import CompletionRequest, Embeddings, Ranking
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +309,22 @@ class RunnerClient:
             vectors = embedding_vectors(response, len(texts), dimensions)
         usage = response.get("usage") or {}
         return Embeddings(vectors=vectors, prompt_eval_count=int(usage.get("prompt_tokens", 0)))
+
+    async def rerank(self, query: str, documents: Sequence[str]) -> Ranking:
+        # Every score comes back (top_n: all); the API sorts, cuts and adds the documents.
+        body = {"query": query, "documents": list(documents), "top_n": len(documents)}
+        async with self._slots:
+            try:
+                response = await self.post_json("/v1/rerank", {**body, "model": self._name})
+            except (RunnerError, InvalidRequestError) as exc:
+                # As for embeddings: a pair over the batch is a 500 from llama.cpp.
+                if isinstance(exc, OutOfMemoryError) or not is_embedding_input_limit(str(exc)):
+                    raise
+                raise InvalidRequestError(RERANK_INPUT_TOO_LONG) from exc
+        async with self._server_errors():
+            scores = rerank_scores(response, len(documents))
+        usage = response.get("usage") or {}
+        return Ranking(scores=scores, prompt_eval_count=int(usage.get("prompt_tokens", 0)))
 
     async def _truncated(self, text: str) -> str | list[int]:
         """``text``, or its first tokens when it cannot fit the context (Ollama's truncate)."""

@@ -38,7 +38,7 @@ from ..memory import (
     projector_bytes,
 )
 from ..model_info import read_model_info
-from ..types import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage
+from ..types import Chunk, CompletionRequest, Embeddings, LoadSpec, MemoryUsage, Ranking
 from .llamacpp_wire import EMBED_INPUT_TOO_LONG
 from .protocol import LoadProgress
 
@@ -310,6 +310,16 @@ class SimulatedEngine:
         await trio.sleep(n / self._behaviour.prompt_tokens_per_second)
         return Embeddings(vectors=vectors, prompt_eval_count=n)
 
+    async def rerank(self, query: str, documents: Sequence[str]) -> Ranking:
+        """The share of the query's words each document holds: a stand-in for a
+        cross-encoder's score that orders documents as a reader would."""
+        self._check_alive()
+        wanted = set(query.lower().split())
+        scores = [len(wanted & set(doc.lower().split())) / max(1, len(wanted)) for doc in documents]
+        n = sum(max(1, len(query.split()) + len(doc.split())) for doc in documents)
+        await trio.sleep(n / self._behaviour.prompt_tokens_per_second)
+        return Ranking(scores=scores, prompt_eval_count=n)
+
     async def count_tokens(self, request: CompletionRequest) -> int:
         self._check_alive()
         return _prompt_tokens(_prompt(request))
@@ -379,6 +389,8 @@ class SimulatedEngineFactory:
             num_parallel=spec.num_parallel,
             num_batch=spec.num_batch,
             kv_cache_type=spec.kv_cache_type,
+            kv_cache_type_k=spec.kv_cache_type_k,
+            kv_cache_type_v=spec.kv_cache_type_v,
             flash_attention=spec.flash_attention,
             projector=projector_bytes(await read_model_info(spec.projector))
             if spec.projector

@@ -89,3 +89,17 @@ class EmbedRequest:
     dimensions: int | None = None  # keep the first this many (then normalise)
     options: Mapping[str, Any] = field(default_factory=dict)  # checked, not yet merged
     keep_alive: float | None = None  # seconds; None: the server's default
+
+
+@dataclass(frozen=True)
+class RerankRequest:
+    """Documents scored against a query by a reranker (a cross-encoder); none only loads
+    the model."""
+
+    model: str
+    query: str = ""
+    documents: tuple[str, ...] = ()
+    top_n: int | None = None  # keep the best this many; None: all
+    return_documents: bool = False  # each result carries its document's text
+    options: Mapping[str, Any] = field(default_factory=dict)  # checked, not yet merged
+    keep_alive: float | None = None  # seconds; None: the server's default

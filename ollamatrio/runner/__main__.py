@@ -139,10 +139,16 @@ def _model_facts(path: str) -> ModelFacts:
     pooling = info.pooling_type  # gguf.PoolingType: NONE, MEAN, CLS, LAST, RANK
     if pooling is not None and not 0 <= pooling < len(POOLING_TYPES):
         pooling = None  # a type this table does not name
+    # llama.cpp's head size: from the first layer with heads, unless the file gives it.
+    heads = info.head_count
+    first = heads if isinstance(heads, int) else next((h for h in heads if h > 0), 0)
+    default_dim = info.embedding_length // first if first > 0 else 0
     return ModelFacts(
         train_ctx=info.context_length,
         pooling=None if pooling is None else POOLING_TYPES[pooling],
         file_size=info.file_size,
+        head_dim_k=info.key_length or default_dim,
+        head_dim_v=info.value_length or default_dim,
     )
 
 

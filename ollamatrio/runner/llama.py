@@ -70,9 +70,8 @@ def build_params(config: RunnerConfig, plan: LoadPlan) -> xlc.CommonParams:
         p.cpuparams.n_threads = threads
         p.cpuparams_batch.n_threads = threads
     p.flash_attn_type = _FLASH[plan.flash_attention]
-    kv = xlc.ggml_type[f"GGML_TYPE_{plan.kv_cache_type.upper()}"]
-    p.cache_type_k = kv
-    p.cache_type_v = kv
+    p.cache_type_k = xlc.ggml_type[f"GGML_TYPE_{plan.kv_cache_type_k.upper()}"]
+    p.cache_type_v = xlc.ggml_type[f"GGML_TYPE_{plan.kv_cache_type_v.upper()}"]
     p.load_mode = (
         xlc.llama_load_mode.LLAMA_LOAD_MODE_MMAP
         if plan.use_mmap

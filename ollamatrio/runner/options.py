@@ -14,11 +14,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ollamatrio.kv_cache import requested_kv_types, usable_kv_types
 from ollamatrio.types import LoadSpec
 
-# llama.cpp's accepted KV cache types (common/arg.cpp kv_cache_types).
-KV_CACHE_TYPES = frozenset({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
-UNQUANTIZED_KV = frozenset({"f32", "f16", "bf16"})
 POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 EMBEDDING_BATCH_CAP = 2048
 
@@ -87,6 +85,8 @@ class ModelFacts:
     train_ctx: int = 0  # <arch>.context_length; 0 if absent
     pooling: str | None = None  # <arch>.pooling_type, named; present means an embedding model
     file_size: int = 0
+    head_dim_k: int = 0  # per attention head; 0: unknown
+    head_dim_v: int = 0
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ class LoadPlan:
     n_batch: int
     n_ubatch: int
     flash_attention: str  # auto | on | off
-    kv_cache_type: str
+    kv_cache_type_k: str
+    kv_cache_type_v: str
     use_mmap: bool
     embedding: bool
     pooling: str | None  # None: llama.cpp's default for the model
@@ -147,15 +148,19 @@ def plan_load(
     else:
         flash = "on" if spec.flash_attention else "off"
 
-    kv = spec.kv_cache_type.lower() or "f16"
-    if kv not in KV_CACHE_TYPES:
-        warnings.append(f"unsupported kv cache type {kv!r}; using f16")
-        kv = "f16"
-    elif kv not in UNQUANTIZED_KV and flash != "on":
-        warnings.append(
-            f"flash attention must be enabled to use a quantized kv cache type ({kv}); using f16"
-        )
-        kv = "f16"
+    # Each side's type, or f16 for a side llama.cpp would refuse (one warning line).
+    wanted = requested_kv_types(
+        [{"kv_cache_type_k": spec.kv_cache_type_k, "kv_cache_type_v": spec.kv_cache_type_v}],
+        spec.kv_cache_type or "f16",
+    )
+    kv, kv_warning = usable_kv_types(
+        wanted,
+        flash_attention=flash == "on",
+        head_dim_k=model.head_dim_k,
+        head_dim_v=model.head_dim_v,
+    )
+    if kv_warning is not None:
+        warnings.append(kv_warning)
 
     use_mmap = spec.use_mmap
     if use_mmap and not uses_gpu:
@@ -178,7 +183,8 @@ def plan_load(
         n_batch=batch,
         n_ubatch=batch,
         flash_attention=flash,
-        kv_cache_type=kv,
+        kv_cache_type_k=kv.k,
+        kv_cache_type_v=kv.v,
         use_mmap=use_mmap,
         embedding=spec.embedding or embedding_model,
         pooling=pooling,

@@ -11,10 +11,13 @@ Bn codes in this module name Ollama's behaviours, each defined in docs/behaviour
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidRequestError
+from ..kv_cache import DEFAULT as DEFAULT_KV_TYPE
+from ..kv_cache import KEYS as KV_KEYS
+from ..kv_cache import KvCacheTypes, requested_kv_types
 
 GiB = 1 << 30
 
@@ -43,6 +46,9 @@ class LoadOptions:
     # The most tokens a draft model or the model's MTP heads propose per step; 0: no such
     # drafter is loaded (none in the model, or the ``speculative`` option rules it out).
     draft_num_predict: int = 0
+    # As asked (a request's options, the model's config, the server's); the runner may
+    # still fall back to f16 for a side this model cannot use (kv_cache.py).
+    kv_cache_types: KvCacheTypes = field(default_factory=KvCacheTypes)
 
 
 def _int_option(options: Mapping[str, Any], key: str) -> int | None:
@@ -113,12 +119,15 @@ def resolve_load_options(
     shift: bool | None = None,
     has_drafter: bool = False,
     configured_draft_num_predict: int | None = None,
+    kv_cache_types: KvCacheTypes | None = None,
 ) -> LoadOptions:
     """Turn merged request options into what the runner is loaded with (B1, B13, B14, B16, B37).
 
     ``embedding_only``: the model cannot generate (one slot, B13); ``embeddings``: the
     request needs embeddings, so the runner is loaded in embedding mode (always so for an
-    embedding-only model); ``has_drafter``: the model has a draft model or MTP heads."""
+    embedding-only model); ``has_drafter``: the model has a draft model or MTP heads;
+    ``kv_cache_types``: the model's configured (else the server's) KV cache types, which the
+    options' ``kv_cache_type``, ``_k`` and ``_v`` override."""
     embeddings = embeddings or embedding_only
     requested_ctx = _int_option(options, "num_ctx")
     num_ctx_auto = requested_ctx is None and not context_length_configured
@@ -144,6 +153,12 @@ def resolve_load_options(
 
     num_gpu = _int_option(options, "num_gpu")
     num_thread = _int_option(options, "num_thread")
+    configured = kv_cache_types or KvCacheTypes()
+    kv_types = requested_kv_types(
+        [{key: options.get(key) for key in KV_KEYS}, {"kv_cache_type_k": configured.k,
+                                                      "kv_cache_type_v": configured.v}],
+        DEFAULT_KV_TYPE,
+    )  # fmt: skip
     return LoadOptions(
         num_ctx=num_ctx,
         num_ctx_auto=num_ctx_auto,
@@ -159,6 +174,7 @@ def resolve_load_options(
         draft_num_predict=draft_num_predict(
             options, has_drafter=has_drafter, configured=configured_draft_num_predict
         ),
+        kv_cache_types=kv_types,
     )
 
 
@@ -188,4 +204,6 @@ def needs_reload(loaded: LoadOptions, wanted: LoadOptions) -> bool:
         return True
     if wanted.draft_num_predict != loaded.draft_num_predict:
         return True  # B26: llama.cpp's --spec-draft-n-max is set at load
+    if wanted.kv_cache_types != loaded.kv_cache_types:
+        return True
     return wanted.num_parallel != loaded.num_parallel

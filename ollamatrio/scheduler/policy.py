@@ -111,7 +111,8 @@ def decide(
         num_ctx=load.num_ctx,
         num_parallel=load.num_parallel,
         num_batch=load.num_batch,
-        kv_cache_type=settings.kv_cache_type,
+        kv_cache_type_k=load.kv_cache_types.k,
+        kv_cache_type_v=load.kv_cache_types.v,
         flash_attention=settings.flash_attention,  # None: auto, as the runner
         projector=pending.projector,
     )

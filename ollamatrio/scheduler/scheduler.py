@@ -52,6 +52,7 @@ from ..errors import (
 )
 from ..gguf import GGUFInfo
 from ..gguf.speculation import has_mtp_heads
+from ..kv_cache import requested_kv_types
 from ..memory import gpu_context_reserve, projector_bytes
 from ..model_config import ModelConfig
 from .admission import Lease, ModelRequest, PendingRequest
@@ -391,6 +392,9 @@ class Scheduler:
             shift=request.shift,
             has_drafter=request.draft is not None or has_mtp_heads(info),
             configured_draft_num_predict=configured.draft_num_predict,
+            kv_cache_types=requested_kv_types(
+                [configured.kv_cache_types], self.settings.kv_cache_type
+            ),
         )
 
     def _expire_idle_runners(self) -> None:

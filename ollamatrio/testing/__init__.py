@@ -13,6 +13,7 @@ from ollamatrio.testing.tiny_gguf import (
     write_tiny_gguf,
 )
 from ollamatrio.testing.tiny_lora import write_tiny_lora
+from ollamatrio.testing.tiny_reranker import write_tiny_reranker
 from ollamatrio.testing.vocab import TokenizerKind
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "write_tiny_clip",
     "write_tiny_gguf",
     "write_tiny_lora",
+    "write_tiny_reranker",
 ]

@@ -19,7 +19,7 @@ from ...errors import InvalidRequestError, ModelNotFoundError
 from ...slot_cache import SlotCache
 from ...store import parse_digest
 from ...wire import rfc3339, rfc3339_from_timestamp
-from .. import pipeline
+from .. import pipeline, rerank_wire
 from ..answers import empty_response, json_response
 from ..bodies import get_bool, get_model, get_str, read_json
 from ..errors import error_response
@@ -46,6 +46,7 @@ class OllamaApi:
         return views_of(
             ("POST", "/api/embed", self.embed),
             ("POST", "/api/embeddings", self.embeddings),
+            ("POST", "/api/rerank", self.rerank),
             ("GET HEAD", "/api/tags", self.tags),
             ("POST", "/api/show", self.show),
             ("GET", "/api/ps", self.ps),
@@ -65,6 +66,11 @@ class OllamaApi:
         req = native_wire.embeddings_request(await read_json(request.body))
         done = await pipeline.embed(self.ctx, req)
         return json_response(native_wire.embeddings_answer(done))
+
+    async def rerank(self) -> Response:
+        req = rerank_wire.rerank_request(await read_json(request.body))
+        done = await pipeline.rerank(self.ctx, req)
+        return json_response(rerank_wire.native_answer(req, done))
 
     # -- the store --------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Any
 from quart import Response, request
 
 from ...wire import SSE, SSE_DONE
-from .. import pipeline
+from .. import pipeline, rerank_wire
 from ..answers import v1_json_response
 from ..bodies import read_json
 from ..models import ApiContext
@@ -34,6 +34,7 @@ class OpenAiApi:
     def views(self) -> Views:
         return views_of(
             ("POST", "/v1/embeddings", self.embeddings),
+            ("POST", "/v1/rerank", self.rerank),
             ("GET", "/v1/models", self.list_models),
             ("GET", "/v1/models/<path:model>", self.retrieve_model),
         )
@@ -48,6 +49,11 @@ class OpenAiApi:
                 req.core.model, done.vectors, done.prompt_eval_count, req.encoding_format
             )
         )
+
+    async def rerank(self) -> Response:
+        req = rerank_wire.rerank_request(await read_json(request.body))
+        done = await pipeline.rerank(self.ctx, req)
+        return v1_json_response(rerank_wire.v1_answer(req, done))
 
     # -- models -----------------------------------------------------------------------
 
