@@ -164,7 +164,7 @@ def test_permutation_interleaves_the_rotary_halves() -> None:
 @pytest.mark.parametrize(
     ("pre_tokenizer", "expected"),
     [
-        ({"type": "ByteLevel", "use_regex": True}, "gpt2"),
+        ({"type": "ByteLevel", "use_regex": True}, "gpt-2"),
         (
             {"type": "Sequence", "pretokenizers": [
                 {"type": "Digits", "individual_digits": True},

@@ -6,7 +6,8 @@ Ollama's ``convert/tokenizer.go`` reads it.
   with ``[PAD<n>]`` up to the model's ``vocab_size`` (the embedding's rows);
 - merges: ``"a b"`` strings (tokenizer.json has them as strings or pairs);
 - the pre-tokenizer: known by the checksum of its ``Split`` regexes (Ollama's table), or by
-  its shape (digits one by one then GPT-2's byte level: SmolLM's; byte level alone: GPT-2's);
+  its shape (digits one by one then GPT-2's byte level: SmolLM's; byte level alone: GPT-2's,
+  ``gpt-2`` as llama.cpp names it);
 - special tokens (``bos``, ``eos``, ``unk``, ``sep``, ``pad``, ``cls``, ``mask``) from
   ``tokenizer_config.json``'s ``<kind>_token`` texts, their ``add_<kind>_token`` flags, and
   ``config.json``'s ``bos_token_id``/``eos_token_id`` where the texts name none;
@@ -127,7 +128,7 @@ def _pre(pre_tokenizer: Any) -> str:
     if shape == [("Digits", True, None), ("ByteLevel", None, True)]:
         return "smollm"
     if shape == [("ByteLevel", None, True)]:
-        return "gpt2"
+        return "gpt-2"  # llama.cpp's name for GPT-2's regex
     return "default"
 
 
