@@ -2,8 +2,10 @@
 """Peak memory and time of quantizing SmolLM2-135M from F16 (``create -q``'s work).
 
 Makes an F16 copy of SmolLM2 (``ollamatrio.testing.float_copy``), then quantizes it in a
-fresh child process per target and reports the child's peak resident set
-(``ru_maxrss``) before and after, beside the model's and its largest tensor's sizes.
+fresh child process per target and reports the child's peak resident set before and after,
+beside the model's and its largest tensor's sizes.  The peak is ``VmHWM`` from
+``/proc/self/status``: ``ru_maxrss`` would be the parent's size at the fork (Linux carries
+the forking process's high-water mark across ``exec`` into the child's rusage).
 
     .venv/bin/python scripts/bench_quantize.py [--smollm2 PATH] [--targets q8_0,q4_0]
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -28,16 +29,24 @@ DEFAULT_SMOLLM2 = (
 MIB = 1 << 20
 
 
+def peak_rss() -> int:
+    """This process's peak resident set in bytes (``VmHWM``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def child(source: str, out: str, target: str) -> None:
     from ollamatrio.convert.policy import parse_target
     from ollamatrio.convert.quantize import quantize_gguf
 
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    before = peak_rss()
     started = time.perf_counter()
     for _ in quantize_gguf(Path(source), Path(out), parse_target(target)):
         pass
     elapsed = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     print(json.dumps({"before": before, "peak": peak, "seconds": elapsed}))
 
 

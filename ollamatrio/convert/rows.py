@@ -1,8 +1,9 @@
 """Tensor rows read from a file as float32 and encoded to a GGUF type, a slice at a time.
 
 A slice is at most :data:`SLICE_ELEMENTS` values, so the float32 copy and the encoder's
-temporaries stay a few tens of MiB whatever the tensor: a conversion holds one encoded
-tensor (the output, at most the size of the largest tensor) plus one slice in flight.
+temporaries (numpy's quantizers make several arrays the slice's size) stay a few tens of
+MiB whatever the tensor: a conversion holds one encoded tensor (the output, at most the
+size of the largest tensor) plus one slice in flight.
 Reads use ``os.pread`` into fresh buffers, not a memory map, so the pages read are the
 process's own only while they are used.
 
@@ -21,8 +22,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import quantize
 
-#: Values per slice: 16 Mi float32 values are 64 MiB.
-SLICE_ELEMENTS = 1 << 24
+#: Values per slice: 1 Mi float32 values are 4 MiB, and the encoder's temporaries about
+#: eight times that.  (16 Mi made a 300 MiB peak on SmolLM2's embeddings.)
+SLICE_ELEMENTS = 1 << 20
 
 FloatArray = np.ndarray[Any, np.dtype[np.float32]]
 ByteArray = np.ndarray[Any, np.dtype[np.uint8]]

@@ -478,6 +478,25 @@ CORPUS: list[Case] = [
         {"model": "bad-param", "from": MODEL, "parameters": {"num_ctx": "big"}, "stream": False},
     ),
     Case("delete after bad parameter", "DELETE", "/api/delete", {"model": "bad-param"}, state=True),
+    Case(
+        "create quantize quantized model",
+        "POST",
+        "/api/create",
+        {"model": "smol-q8", "from": MODEL, "quantize": "q8_0", "stream": False},
+    ),
+    Case(
+        "create quantize k-quant",
+        "POST",
+        "/api/create",
+        {"model": "smol-q4km", "from": MODEL, "quantize": "q4_K_M", "stream": False},
+        state=True,
+    ),
+    Case(
+        "create from unsupported safetensors",
+        "POST",
+        "/api/create",
+        {"model": "x", "files": {"model.safetensors": MISSING_BLOB}, "stream": False},
+    ),
     Case("pull offline", "POST", "/api/pull", {"model": "nope-offline", "stream": False}),
     # -- the second model, then unloads --------------------------------------------------
     Case(
