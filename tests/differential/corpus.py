@@ -9,6 +9,7 @@ share a small machine) by each side's CLI.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,11 @@ TINY_PNG = (  # a 1x1 PNG
     "PchI7wAAAABJRU5ErkJggg=="
 )
 MISSING_BLOB = "sha256:" + "0" * 64
+# A Hugging Face folder of an architecture neither server converts.
+GPT2_CONFIG = b'{"architectures": ["GPT2LMHeadModel"], "n_layer": 2}'
+GPT2_CONFIG_BLOB = "sha256:" + hashlib.sha256(GPT2_CONFIG).hexdigest()
+GPT2_WEIGHTS = b"\x02\x00\x00\x00\x00\x00\x00\x00{}"  # an empty safetensors file
+GPT2_WEIGHTS_BLOB = "sha256:" + hashlib.sha256(GPT2_WEIGHTS).hexdigest()
 LOCAL = {"Origin": "http://localhost"}
 
 Values = Callable[[Any], dict[str, Any]]
@@ -491,11 +497,17 @@ CORPUS: list[Case] = [
         {"model": "smol-q4km", "from": MODEL, "quantize": "q4_K_M", "stream": False},
         state=True,
     ),
+    Case("blob upload config", "POST", f"/api/blobs/{GPT2_CONFIG_BLOB}", raw=GPT2_CONFIG),
+    Case("blob upload weights", "POST", f"/api/blobs/{GPT2_WEIGHTS_BLOB}", raw=GPT2_WEIGHTS),
     Case(
-        "create from unsupported safetensors",
+        "create from unsupported architecture",
         "POST",
         "/api/create",
-        {"model": "x", "files": {"model.safetensors": MISSING_BLOB}, "stream": False},
+        {
+            "model": "x",
+            "files": {"config.json": GPT2_CONFIG_BLOB, "model.safetensors": GPT2_WEIGHTS_BLOB},
+            "stream": False,
+        },
     ),
     Case("pull offline", "POST", "/api/pull", {"model": "nope-offline", "stream": False}),
     # -- the second model, then unloads --------------------------------------------------
