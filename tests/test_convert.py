@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -296,3 +297,57 @@ def test_safetensors_refusals(store: ModelStore, tmp_path: Path) -> None:
     assert "do not match its shape" in _refusal(
         store, {**files, "model-00001-of-00002.safetensors": broken}
     )
+
+
+LLAMA_31_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def _reference_rope_factors(base: float, dim: int) -> list[float]:
+    """``convert_hf_to_gguf.py``'s loop for Llama 3.1's factors, as written there."""
+    s = LLAMA_31_ROPE
+    low_wavelen = s["original_max_position_embeddings"] / s["low_freq_factor"]
+    high_wavelen = s["original_max_position_embeddings"] / s["high_freq_factor"]
+    out = []
+    for i in range(0, dim, 2):
+        wavelen = 2 * math.pi / (1.0 / base ** (i / dim))
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(s["factor"])
+        else:
+            smooth = (s["original_max_position_embeddings"] / wavelen - s["low_freq_factor"]) / (
+                s["high_freq_factor"] - s["low_freq_factor"]
+            )
+            out.append(1 / ((1 - smooth) / s["factor"] + smooth))
+    return out
+
+
+def test_llama_3_1_rope_factors(store: ModelStore, tmp_path: Path) -> None:
+    """Llama 3.1's config (``rope_type: llama3``, Llama-3.1-8B's theta and head size):
+    the factors llama.cpp reads come out as ``convert_hf_to_gguf.py`` makes them, and an
+    imported model carries them as ``rope_freqs.weight``."""
+    config = {"rope_theta": 500000.0, "rope_scaling": LLAMA_31_ROPE}
+    hp = hf_llama.Hyperparameters("llama", layers=32, embd=4096, heads=32, kv_heads=8,
+                                  vocab_size=128256)  # fmt: skip
+    factors = hf_llama.rope_factors(config, hp)
+    assert factors is not None
+    expected = _reference_rope_factors(500000.0, 128)
+    assert np.allclose(factors, expected, rtol=1e-6)
+    assert factors[0] == 1.0
+    assert factors[-1] == 8.0
+    assert ((factors > 1.0) & (factors < 8.0)).any()  # the smoothed band between
+    files = write_tiny_hf(tmp_path / "hf", tokenizer_from_vocabulary(), config_extra=config)
+    list(create_model(store, "llama31", files=_upload(store, files)))
+    path = store.resolve("llama31").model_path
+    assert path is not None
+    got = {t.name: t for t in GGUFReader(path).tensors}
+    stored = np.asarray(got["rope_freqs.weight"].data).reshape(-1)
+    assert np.allclose(stored, _reference_rope_factors(500000.0, 16), rtol=1e-6)
+    with pytest.raises(InvalidRequestError, match='unsupported rope scaling "yarn"'):
+        hf_llama.model_metadata({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, hp)

@@ -48,10 +48,14 @@ async def _generate(c: httpx.AsyncClient, model: str, prompt: str, **options: An
 async def test_a_safetensors_folder_created_by_the_cli_answers(
     api_server: Any, tmp_path: Path
 ) -> None:
-    """``ollamatrio create`` from a Modelfile's ``FROM ./my-finetune``: the folder's files
-    are uploaded, converted (and with ``-q q4_0`` quantized), and the result answers."""
+    """``ollamatrio create`` from a Modelfile's ``FROM ./my-finetune`` (BF16, Llama 3.1's
+    rope scaling): the folder's files are uploaded, converted (and with ``-q q4_0``
+    quantized), and the result answers."""
     work = tmp_path / "work"
-    write_tiny_hf(work / "my-finetune", tokenizer_from_vocabulary(), dtype="bf16")
+    llama_3_1 = {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}  # rope_freqs.weight
+    write_tiny_hf(
+        work / "my-finetune", tokenizer_from_vocabulary(), dtype="bf16", config_extra=llama_3_1
+    )
     (work / "Modelfile").write_text("FROM ./my-finetune\n")
     modelfile = str(work / "Modelfile")
     with trio.fail_after(180):

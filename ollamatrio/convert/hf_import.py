@@ -18,11 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
 from ..errors import InvalidRequestError
 from .gguf_out import MetadataValue, PlannedTensor, write_gguf
-from .hf_llama import Hyperparameters, TensorNames, model_metadata, needs_permute, permute_rows
+from .hf_llama import (
+    Hyperparameters,
+    TensorNames,
+    model_metadata,
+    needs_permute,
+    permute_rows,
+    rope_factors,
+)
 from .hf_tokenizer import tokenizer_metadata
 from .quantize import Progress
 from .rows import ByteArray, StoredRows, encode
@@ -111,12 +119,21 @@ def convert_folder(files: Mapping[str, Path], output: Path) -> Iterator[Progress
             if s.tensor.path not in fds:
                 fds[s.tensor.path] = fd = os.open(s.tensor.path, os.O_RDONLY)
                 stack.callback(os.close, fd)
-        planned = [_planned(s, fds[s.tensor.path]) for s in sources]
+        planned = [*_computed(config, hp), *(_planned(s, fds[s.tensor.path]) for s in sources)]
         sizes = {s.gguf_name: s.tensor.n_elements * ITEM_SIZES[s.tensor.dtype] for s in sources}
         done = 0
         for written in write_gguf(output, hp.arch, metadata, planned):
-            done += sizes[written.name]
+            done += sizes.get(written.name, 0)
             yield Progress(done, total)
+
+
+def _computed(config: Mapping[str, Any], hp: Hyperparameters) -> list[PlannedTensor]:
+    """Tensors the checkpoint does not hold but llama.cpp reads: Llama 3.1's rope factors."""
+    factors = rope_factors(config, hp)
+    if factors is None:
+        return []
+    data = factors.view(np.uint8)
+    return [PlannedTensor("rope_freqs.weight", (len(factors),), T.F32, lambda: data)]
 
 
 def _sources(files: Mapping[str, Path], hp: Hyperparameters) -> list[_Source]:

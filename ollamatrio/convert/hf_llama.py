@@ -104,10 +104,40 @@ def model_metadata(config: Mapping[str, Any], hp: Hyperparameters) -> dict[str, 
     if isinstance(scaling, Mapping) and scaling.get("type", scaling.get("rope_type")) == "linear":
         md[f"{arch}.rope.scaling.type"] = MetadataValue("linear", V.STRING)
         md[f"{arch}.rope.scaling.factor"] = MetadataValue(float(scaling["factor"]), V.FLOAT32)
-    elif isinstance(scaling, Mapping) and scaling.get("rope_type", scaling.get("type")):
-        kind = scaling.get("rope_type", scaling.get("type"))
-        raise InvalidRequestError(f'unsupported rope scaling "{kind}" in config.json')
+    elif _rope_type(config) not in (None, "default", "llama3"):
+        raise InvalidRequestError(f'unsupported rope scaling "{_rope_type(config)}" in config.json')
     return md
+
+
+def _rope_type(config: Mapping[str, Any]) -> str | None:
+    scaling = config.get("rope_scaling")
+    if not isinstance(scaling, Mapping):
+        return None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    return str(kind) if kind is not None else None
+
+
+def rope_factors(config: Mapping[str, Any], hp: Hyperparameters) -> FloatArray | None:
+    """Llama 3.1's frequency factors (``rope_freqs.weight``, which llama.cpp applies) for
+    ``rope_type: llama3``, as ``convert_hf_to_gguf.py`` and Ollama compute them."""
+    scaling = config.get("rope_scaling")
+    if hp.arch != "llama" or _rope_type(config) != "llama3" or not isinstance(scaling, Mapping):
+        return None
+    base = float(config.get("rope_theta", 10000.0))
+    head_dim = config.get("head_dim")
+    dim = head_dim if isinstance(head_dim, int) and head_dim > 0 else hp.embd // hp.heads
+    factor = float(scaling.get("factor", 8.0))
+    low = float(scaling.get("low_freq_factor", 1.0))
+    high = float(scaling.get("high_freq_factor", 4.0))
+    original = float(scaling.get("original_max_position_embeddings", 8192))
+    wavelengths = 2 * np.pi * base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    smooth = (original / wavelengths - low) / (high - low)
+    factors = np.where(
+        wavelengths < original / high,
+        1.0,
+        np.where(wavelengths > original / low, factor, 1 / ((1 - smooth) / factor + smooth)),
+    )
+    return factors.astype(np.float32)
 
 
 class TensorNames:

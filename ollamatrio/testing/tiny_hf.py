@@ -142,8 +142,10 @@ def write_tiny_hf(
     shards: int = 2,
     tie_embeddings: bool = False,
     seed: int = 0,
+    config_extra: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
-    """Write the folder; returns its files by name (as a create request names them)."""
+    """Write the folder; returns its files by name (as a create request names them).
+    ``config_extra`` adds or replaces keys of ``config.json``."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     vocab, head_dim = len(tokenizer.tokens), embd // heads
@@ -164,6 +166,7 @@ def write_tiny_hf(
         "bos_token_id": tokenizer.bos,
         "eos_token_id": tokenizer.eos,
         "torch_dtype": {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[dtype],
+        **(config_extra or {}),
     }
     rng = np.random.default_rng(seed)
     stored = _STORED[dtype]
