@@ -75,7 +75,7 @@ def test_slices_encode_as_the_whole_tensor(monkeypatch: pytest.MonkeyPatch) -> N
     x = np.random.default_rng(1).standard_normal((37, 96)).astype(np.float32)
     monkeypatch.setattr(rows, "SLICE_ELEMENTS", 5 * 96)
     for qtype in (T.Q8_0, T.Q4_1, T.Q5_0, T.F16, T.BF16):
-        sliced = rows.encode(lambda a, b: x[a:b], 37, 96, qtype)
+        sliced = rows.made(rows.encode(lambda a, b: x[a:b], 37, 96, qtype))
         assert sliced.tobytes() == quantize(x, qtype).tobytes(), qtype.name
 
 
@@ -147,6 +147,26 @@ def test_quantize_through_create_from_a_model(store: ModelStore, tiny_gguf: Any)
     assert not any("quantizing" in e["status"] for e in again)  # already F16: kept
     with pytest.raises(InvalidRequestError, match="only supported for F16, BF16 and F32"):
         list(create_model(store, "twice", from_model="small", quantize="q8_0"))
+
+
+def test_a_create_left_mid_tensor_leaves_nothing(
+    store: ModelStore, tiny_gguf: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The create yields between slices of a tensor, so a client that leaves stops the
+    work there (the worker thread finishes one slice, not one tensor); closing it then
+    leaves no blob and no temporary file."""
+    list(import_gguf(store, "base", tiny_gguf(dtype="f32", vocab=4000)))
+    before = set(store.blobs_dir.iterdir())
+    monkeypatch.setattr(rows, "SLICE_ELEMENTS", 64 * 100)  # 100 rows of the embeddings
+    events = create_model(store, "small", from_model="base", quantize="q8_0")
+    for event in events:
+        if event.get("completed", 0) > 0:
+            break
+    first = event["completed"]
+    assert 0 < first < store.resolve("base").manifest.layers[0].size / 10
+    events.close()  # type: ignore[attr-defined]
+    assert set(store.blobs_dir.iterdir()) == before
+    assert not store.exists("small")
 
 
 @pytest.fixture

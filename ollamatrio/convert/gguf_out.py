@@ -15,7 +15,7 @@ took 160 MiB for SmolLM2's 49 152 tokens and merges).
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from gguf import GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
-from .rows import ByteArray, row_bytes
+from .rows import ByteArray, Steps, row_bytes
 
 
 @dataclass(frozen=True)
@@ -36,14 +36,23 @@ class MetadataValue:
 
 
 @dataclass(frozen=True)
+class Written:
+    """How far the writer is: ``rows`` of ``tensor`` made; ``on_disk`` once written."""
+
+    tensor: PlannedTensor
+    rows: int
+    on_disk: bool = False
+
+
+@dataclass(frozen=True)
 class PlannedTensor:
     """A tensor of the output: ``shape`` in GGUF ``ne`` order (``shape[0]`` is the row
-    length), ``make`` gives its bytes when its turn comes."""
+    length), ``make`` makes its bytes when its turn comes (:data:`.rows.Steps`)."""
 
     name: str
     shape: tuple[int, ...]
     type: GGMLQuantizationType
-    make: Callable[[], ByteArray]
+    make: Callable[[], Steps]
 
     @property
     def rows(self) -> int:
@@ -62,8 +71,8 @@ def write_gguf(
     architecture: str,
     metadata: Mapping[str, MetadataValue],
     tensors: Sequence[PlannedTensor],
-) -> Iterator[PlannedTensor]:
-    """Write the file; yields each tensor once its bytes are on disk."""
+) -> Iterator[Written]:
+    """Write the file; yields after each slice of a tensor made and each tensor written."""
     writer = GGUFWriter(path, architecture)
     try:
         for key, entry in metadata.items():
@@ -77,12 +86,10 @@ def write_gguf(
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         for t in tensors:
-            data = t.make()
-            if data.nbytes != t.nbytes:
-                raise ValueError(f"{t.name}: {data.nbytes} bytes made, {t.nbytes} planned")
+            data = yield from _make(t)
             writer.write_tensor_data(data)
             del data
-            yield t
+            yield Written(t, t.rows, on_disk=True)
         writer.flush()
     finally:
         writer.close()
@@ -92,9 +99,9 @@ def write_gguf_copying_metadata(
     path: Path,
     metadata: Sequence[Callable[[BinaryIO], None]],
     tensors: Sequence[PlannedTensor],
-) -> Iterator[PlannedTensor]:
+) -> Iterator[Written]:
     """Write the file with its metadata entries written by ``metadata`` (each writes one
-    whole entry: key, type, value); yields each tensor once its bytes are on disk."""
+    whole entry: key, type, value); yields as :func:`write_gguf` does."""
     align = GGUF_DEFAULT_ALIGNMENT
     with open(path, "wb") as f:
         f.write(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata)))
@@ -107,13 +114,46 @@ def write_gguf_copying_metadata(
             offset += -(-t.nbytes // align) * align
         for t in tensors:
             f.write(bytes(-f.tell() % align))
-            data = t.make()
-            if data.nbytes != t.nbytes:
-                raise ValueError(f"{t.name}: {data.nbytes} bytes made, {t.nbytes} planned")
+            data = yield from _make(t)
             data.tofile(f)
             del data
-            yield t
+            yield Written(t, t.rows, on_disk=True)
         f.write(bytes(-f.tell() % align))
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Bytes of the source's tensors done, of ``total``."""
+
+    done: int
+    total: int
+
+
+def progress(events: Iterator[Written], sizes: Mapping[str, int]) -> Iterator[Progress]:
+    """A writer's events as bytes of the source done: ``sizes`` are the source bytes of
+    each output tensor (none for one computed, not read)."""
+    total, done = sum(sizes.values()), 0
+    for w in events:
+        size = sizes.get(w.tensor.name, 0)
+        if w.on_disk:
+            done += size
+            yield Progress(done, total)
+        else:
+            yield Progress(done + size * w.rows // max(w.tensor.rows, 1), total)
+
+
+def _make(t: PlannedTensor) -> Generator[Written, None, ByteArray]:
+    steps = t.make()
+    while True:
+        try:
+            rows = next(steps)
+        except StopIteration as done:
+            data: ByteArray = done.value
+            break
+        yield Written(t, rows)
+    if data.nbytes != t.nbytes:
+        raise ValueError(f"{t.name}: {data.nbytes} bytes made, {t.nbytes} planned")
+    return data
 
 
 def gguf_string(text: str) -> bytes:

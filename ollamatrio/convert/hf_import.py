@@ -22,7 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
 from ..errors import InvalidRequestError
-from .gguf_out import MetadataValue, PlannedTensor, write_gguf
+from .gguf_out import MetadataValue, PlannedTensor, Progress, progress, write_gguf
 from .hf_llama import (
     Hyperparameters,
     TensorNames,
@@ -32,8 +32,7 @@ from .hf_llama import (
     rope_factors,
 )
 from .hf_tokenizer import tokenizer_metadata
-from .quantize import Progress
-from .rows import ByteArray, StoredRows, encode
+from .rows import Steps, StoredRows, at_once, encode
 from .safetensors import ITEM_SIZES, StoredTensor, read_header
 
 T = GGMLQuantizationType
@@ -112,7 +111,6 @@ def convert_folder(files: Mapping[str, Path], output: Path) -> Iterator[Progress
         f"{hp.arch}.vocab_size": MetadataValue(n_vocab, GGUFValueType.UINT32),
         **tokenizer,
     }
-    total = sum(s.tensor.n_elements * ITEM_SIZES[s.tensor.dtype] for s in sources)
     with ExitStack() as stack:
         fds: dict[Path, int] = {}
         for s in sources:
@@ -121,10 +119,7 @@ def convert_folder(files: Mapping[str, Path], output: Path) -> Iterator[Progress
                 stack.callback(os.close, fd)
         planned = [*_computed(config, hp), *(_planned(s, fds[s.tensor.path]) for s in sources)]
         sizes = {s.gguf_name: s.tensor.n_elements * ITEM_SIZES[s.tensor.dtype] for s in sources}
-        done = 0
-        for written in write_gguf(output, hp.arch, metadata, planned):
-            done += sizes.get(written.name, 0)
-            yield Progress(done, total)
+        yield from progress(write_gguf(output, hp.arch, metadata, planned), sizes)
 
 
 def _computed(config: Mapping[str, Any], hp: Hyperparameters) -> list[PlannedTensor]:
@@ -133,7 +128,7 @@ def _computed(config: Mapping[str, Any], hp: Hyperparameters) -> list[PlannedTen
     if factors is None:
         return []
     data = factors.view(np.uint8)
-    return [PlannedTensor("rope_freqs.weight", (len(factors),), T.F32, lambda: data)]
+    return [PlannedTensor("rope_freqs.weight", (len(factors),), T.F32, lambda: at_once(data))]
 
 
 def _sources(files: Mapping[str, Path], hp: Hyperparameters) -> list[_Source]:
@@ -168,7 +163,7 @@ def _planned(source: _Source, fd: int) -> PlannedTensor:
     out_type = T.F32 if len(shape) < 2 else (T.BF16 if t.dtype == "BF16" else T.F16)
     stored = StoredRows(fd, t.offset, rows, width, t.dtype)
 
-    def make() -> ByteArray:
+    def make() -> Steps:
         if source.permute_heads is None:
             return encode(stored.read, rows, width, out_type)
         whole = permute_rows(stored.read(0, rows), source.permute_heads)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import BinaryIO
@@ -22,21 +21,19 @@ import numpy as np
 from ..gguf import TensorInfo, read_gguf
 from ..gguf.constants import GGUFValueType
 from ..gguf.cursor import Cursor
-from .gguf_out import PlannedTensor, gguf_string, write_gguf_copying_metadata
+from .gguf_out import (
+    PlannedTensor,
+    Progress,
+    gguf_string,
+    progress,
+    write_gguf_copying_metadata,
+)
 from .policy import ModelShape, Target, tensor_type
-from .rows import ByteArray, StoredRows, encode, pread_exactly
+from .rows import Steps, StoredRows, at_once, encode, pread_exactly
 
 _FILE_TYPE = "general.file_type"
 _DROPPED_KEYS = (_FILE_TYPE, "general.alignment")
 _COPY_CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Bytes of the source's tensors done, of ``total``."""
-
-    done: int
-    total: int
 
 
 def quantize_gguf(source: Path, output: Path, target: Target) -> Iterator[Progress]:
@@ -58,10 +55,7 @@ def quantize_gguf(source: Path, output: Path, target: Target) -> Iterator[Progre
         metadata.append(partial(_uint32, _FILE_TYPE, int(target.file_type)))
         planned = [_planned(fd, info.data_offset, t, target, model) for t in info.tensors]
         sizes = {t.name: t.nbytes for t in info.tensors}
-        total, done = sum(sizes.values()), 0
-        for written in write_gguf_copying_metadata(output, metadata, planned):
-            done += sizes[written.name]
-            yield Progress(done, total)
+        yield from progress(write_gguf_copying_metadata(output, metadata, planned), sizes)
     finally:
         os.close(fd)
 
@@ -97,10 +91,10 @@ def _planned(
     width = t.shape[0] if t.shape else 1
     rows = t.n_elements // width if width else 0
 
-    def copy() -> ByteArray:
-        return np.frombuffer(pread_exactly(fd, t.nbytes, offset), np.uint8)
+    def copy() -> Steps:
+        return at_once(np.frombuffer(pread_exactly(fd, t.nbytes, offset), np.uint8))
 
-    def convert() -> ByteArray:
+    def convert() -> Steps:
         stored = StoredRows(fd, offset, rows, width, t.type.name)
         return encode(stored.read, rows, width, new)
 

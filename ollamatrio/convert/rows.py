@@ -14,7 +14,7 @@ numpy has no bfloat16: a bf16 value is the upper half of a float32's bits, so it
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,13 +82,35 @@ def row_bytes(width: int, qtype: GGMLQuantizationType) -> int:
     return width // block * size
 
 
-def encode(read: RowSource, rows: int, width: int, qtype: GGMLQuantizationType) -> ByteArray:
+Steps = Generator[int, None, ByteArray]
+"""A tensor being made: yields the rows done after each slice, returns its bytes."""
+
+
+def encode(read: RowSource, rows: int, width: int, qtype: GGMLQuantizationType) -> Steps:
     """The whole tensor in ``qtype``'s bytes (rows of ``width`` values), encoded a slice of
-    rows at a time from ``read(start, stop)``."""
+    rows at a time from ``read(start, stop)``; yields after each slice, so the caller can
+    stop between slices (a create whose client left)."""
     out: ByteArray = np.empty((rows, row_bytes(width, qtype)), np.uint8)
     step = max(1, SLICE_ELEMENTS // max(width, 1))
     for start in range(0, rows, step):
         stop = min(rows, start + step)
         encoded = quantize(read(start, stop), qtype)
         out[start:stop] = encoded.view(np.uint8).reshape(stop - start, -1)
+        yield stop
     return out
+
+
+def at_once(data: ByteArray) -> Steps:
+    """A tensor already made (copied as it is, or computed), as steps: none."""
+    yield from ()
+    return data
+
+
+def made(steps: Steps) -> ByteArray:
+    """The tensor ``steps`` make, without stopping between slices."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: ByteArray = done.value
+            return result
