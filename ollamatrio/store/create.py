@@ -1,8 +1,10 @@
 """``/api/create`` at store level: a new manifest from an existing model or GGUF blobs.
 
 The order of layers, the statuses and the config blob follow Ollama's ``server/create.go``:
-base layers (from the parent model, or one per GGUF file), then adapters, then the
-template, system prompt, licenses, parameters and messages given in the request.
+base layers (from the parent model, one per GGUF file, or one converted from a Hugging Face
+safetensors folder), rewritten in the type ``quantize`` asks for, then adapters, then the
+template, system prompt, licenses, parameters and messages given in the request.  The
+conversions are ``convert/``'s, imported on first use (numpy).
 """
 
 from __future__ import annotations
@@ -463,7 +465,8 @@ def create_model(
 ) -> Iterator[dict[str, Any]]:
     """``/api/create`` at store level: validates now, then yields progress dicts.
 
-    Statuses as Ollama's: "parsing GGUF", "using existing layer sha256:...",
+    Statuses as Ollama's: "parsing GGUF" (or "converting model"), "quantizing F16 model
+    to Q8_0" and "verifying conversion" when asked to, "using existing layer sha256:...",
     "creating new layer sha256:...", "writing manifest", "success".
     """
     request = CreateRequest.validate(
