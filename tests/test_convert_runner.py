@@ -143,3 +143,29 @@ async def test_smollm2_tokenizer_survives_the_safetensors_import(
             assert random["eval_count"] == 3
             shown = (await c.post("/api/show", json={"model": "random"})).json()
             assert shown["model_info"]["tokenizer.ggml.pre"] == "smollm"
+
+
+async def test_a_qwen2_folder_answers(api_server: Any, tmp_path: Path) -> None:
+    """The Qwen2 layout (q/k/v biases, rotary halves stored as llama.cpp reads them)
+    converted through ``/api/create`` with ``files`` loads and generates."""
+    files = write_tiny_hf(tmp_path / "qwen", tokenizer_from_vocabulary(),
+                          architecture="Qwen2ForCausalLM", dtype="f16")  # fmt: skip
+    with trio.fail_after(180):
+        async with (
+            api_server(engines=ProcessEngineFactory(load_timeout=60)) as srv,
+            httpx.AsyncClient(base_url=srv.url, timeout=None) as c,
+        ):
+            digests = {}
+            for name, path in files.items():
+                data = path.read_bytes()
+                digests[name] = "sha256:" + hashlib.sha256(data).hexdigest()
+                r = await c.post(f"/api/blobs/{digests[name]}", content=data)
+                assert r.status_code == 201, r.text
+            body = {"model": "qwen", "files": digests, "quantize": "q8_0", "stream": False}
+            r = await c.post("/api/create", json=body)
+            assert r.status_code == 200, r.text
+            shown = (await c.post("/api/show", json={"model": "qwen"})).json()
+            assert shown["details"]["family"] == "qwen2"
+            assert shown["details"]["quantization_level"] == "Q8_0"
+            answer = await _generate(c, "qwen", "hello", num_predict=4, ignore_eos=True)
+            assert answer["eval_count"] == 4, answer
