@@ -371,3 +371,16 @@ def test_llama_3_1_rope_factors(store: ModelStore, tmp_path: Path) -> None:
     assert np.allclose(stored, _reference_rope_factors(500000.0, 16), rtol=1e-6)
     with pytest.raises(InvalidRequestError, match='unsupported rope scaling "yarn"'):
         hf_llama.model_metadata({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, hp)
+
+
+def test_token_ids_keep_their_places() -> None:
+    """An id no token has (added tokens often start past a gap) and the embedding's
+    spare rows become unused ``[PAD<id>]`` tokens: every token stays at its own id."""
+    tok = tokenizer_from_vocabulary().tokenizer_json()
+    tok["added_tokens"] = [{"id": 302, "content": "<|extra|>", "special": True}]
+    md = hf_tokenizer.tokenizer_metadata(tok, {"eos_token": "<|extra|>"}, {}, None, 305)
+    tokens, types = md["tokenizer.ggml.tokens"].value, md["tokenizer.ggml.token_type"].value
+    assert len(tokens) == 305
+    assert tokens[300:] == ["[PAD300]", "[PAD301]", "<|extra|>", "[PAD303]", "[PAD304]"]
+    assert types[300:] == [5, 5, 3, 5, 5]  # unused, control
+    assert md["tokenizer.ggml.eos_token_id"].value == 302

@@ -2,8 +2,8 @@
 Ollama's ``convert/tokenizer.go`` reads it.
 
 - tokens: the model's vocabulary and the added tokens, by id; an added token that is
-  ``special`` is a control token, any other added token user-defined; the list padded
-  with ``[PAD<n>]`` up to the model's ``vocab_size`` (the embedding's rows);
+  ``special`` is a control token, any other added token user-defined; an id no token has,
+  and the embedding's rows past the last token, ``[PAD<id>]`` (unused);
 - merges: ``"a b"`` strings (tokenizer.json has them as strings or pairs);
 - the pre-tokenizer: known by the checksum of its ``Split`` regexes (Ollama's table), or by
   its shape (digits one by one then GPT-2's byte level: SmolLM's; byte level alone: GPT-2's,
@@ -96,12 +96,12 @@ def _vocabulary(
             kind = TokenType.CONTROL if token.get("special") else TokenType.USER_DEFINED
             by_id[token["id"]] = (str(token.get("content", "")), kind)
     tokens, types = [], []
-    for i in sorted(by_id):
-        tokens.append(by_id[i][0])
-        types.append(int(by_id[i][1]))
-    for n in range(vocab_size - len(tokens)):
-        tokens.append(f"[PAD{n}]")
-        types.append(int(TokenType.USER_DEFINED))
+    # A token's place in the list is its id: ids nobody uses, and the rows the embeddings
+    # have beyond the tokenizer's, are filled as convert_hf_to_gguf.py fills them.
+    for i in range(max(vocab_size, max(by_id, default=-1) + 1)):
+        text, kind = by_id.get(i, (f"[PAD{i}]", TokenType.UNUSED))
+        tokens.append(text)
+        types.append(int(kind))
     ids = {text: i for i, text in enumerate(tokens)}
     return tokens, types, ids
 
