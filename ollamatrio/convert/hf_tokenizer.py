@@ -99,9 +99,9 @@ def _vocabulary(
     # A token's place in the list is its id: ids nobody uses, and the rows the embeddings
     # have beyond the tokenizer's, are filled as convert_hf_to_gguf.py fills them.
     for i in range(max(vocab_size, max(by_id, default=-1) + 1)):
-        text, kind = by_id.get(i, (f"[PAD{i}]", TokenType.UNUSED))
+        text, token_type = by_id.get(i, (f"[PAD{i}]", TokenType.UNUSED))
         tokens.append(text)
-        types.append(int(kind))
+        types.append(int(token_type))
     ids = {text: i for i, text in enumerate(tokens)}
     return tokens, types, ids
 
