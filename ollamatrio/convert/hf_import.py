@@ -79,8 +79,8 @@ class _Source:
 
 
 def convert_folder(files: Mapping[str, Path], output: Path) -> Iterator[Progress]:
-    """Write the GGUF for ``files`` (request name -> file) to ``output``; yields after
-    each tensor."""
+    """Write the GGUF for ``files`` (request name -> file) to ``output``; yields the
+    progress after each slice of rows and each tensor written."""
     hp = check_folder(files)
     config = read_json(files, CONFIG, required=True)
     sources = _sources(files, hp)

@@ -174,6 +174,8 @@ def permute_rows(weights: FloatArray, heads: int) -> FloatArray:
     """``convert_hf_to_gguf.py``'s ``LlamaModel.permute``: within each head, the rows of
     the two rotary halves interleaved."""
     rows = weights.shape[0]
+    if rows % (2 * heads):
+        raise InvalidRequestError(f"cannot split {rows} attention rows into {heads} heads")
     return np.ascontiguousarray(
         weights.reshape(heads, 2, rows // heads // 2, *weights.shape[1:])
         .swapaxes(1, 2)

@@ -37,7 +37,8 @@ _COPY_CHUNK = 1 << 20
 
 
 def quantize_gguf(source: Path, output: Path, target: Target) -> Iterator[Progress]:
-    """Write ``source`` to ``output`` in ``target``'s types; yields after each tensor."""
+    """Write ``source`` to ``output`` in ``target``'s types; yields the progress after
+    each slice of rows and each tensor written."""
     info = read_gguf(source, cache=False)
     names = {t.name for t in info.tensors}
     experts = info.metadata.get(f"{info.architecture}.expert_count")
