@@ -22,7 +22,11 @@ from ollamatrio.convert.quantize import quantize_gguf
 from ollamatrio.errors import InvalidRequestError
 from ollamatrio.gguf import read_gguf
 from ollamatrio.store import ModelStore, create_model, import_gguf
-from ollamatrio.testing.tiny_hf import tokenizer_from_vocabulary, write_tiny_hf
+from ollamatrio.testing.tiny_hf import (
+    tokenizer_from_vocabulary,
+    write_safetensors,
+    write_tiny_hf,
+)
 
 T = GGMLQuantizationType
 Q4 = parse_target("q4_0")
@@ -280,8 +284,10 @@ def test_safetensors_import_quantized_in_one_create(store: ModelStore, tmp_path:
 
 
 def _refusal(store: ModelStore, files: dict[str, Path]) -> str:
+    """The 400 ``files`` get when the create is validated, before its first line."""
+    uploads = _upload(store, files)
     with pytest.raises(InvalidRequestError) as caught:
-        list(create_model(store, "x", files=_upload(store, files)))
+        create_model(store, "x", files=uploads)
     assert not store.exists("x")
     return str(caught.value)
 
@@ -316,6 +322,11 @@ def test_safetensors_refusals(store: ModelStore, tmp_path: Path) -> None:
     broken.write_bytes(shard.read_bytes()[:-10])
     assert "do not match its shape" in _refusal(
         store, {**files, "model-00001-of-00002.safetensors": broken}
+    )
+    extra = tmp_path / "extra.safetensors"
+    write_safetensors(extra, {"model.vision_tower.weight": (np.zeros((2, 2), np.float32), "F32")})
+    assert "cannot convert tensor 'model.vision_tower.weight'" in _refusal(
+        store, {**files, "extra.safetensors": extra}
     )
 
 

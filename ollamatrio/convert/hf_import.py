@@ -31,7 +31,7 @@ from .hf_llama import (
     permute_rows,
     rope_factors,
 )
-from .hf_tokenizer import tokenizer_metadata
+from .hf_tokenizer import check_tokenizer, tokenizer_metadata
 from .rows import Steps, StoredRows, at_once, encode
 from .safetensors import ITEM_SIZES, StoredTensor, read_header
 
@@ -56,8 +56,9 @@ def read_json(files: Mapping[str, Path], name: str, *, required: bool) -> dict[s
 
 
 def check_folder(files: Mapping[str, Path]) -> Hyperparameters:
-    """The checks that need no tensor: the files there, a known architecture, a config
-    that says its shape; a 400 otherwise."""
+    """Everything that can be checked before a tensor is read: the files there, a known
+    architecture, a config that says its shape, a tokenizer of a kind converted, shard
+    headers whose tensors the architecture knows, in types converted; a 400 otherwise."""
     hp = Hyperparameters.of(read_json(files, CONFIG, required=True))
     if TOKENIZER not in files:
         if "tokenizer.model" in files:
@@ -68,6 +69,8 @@ def check_folder(files: Mapping[str, Path]) -> Hyperparameters:
         raise InvalidRequestError(f"{TOKENIZER} is required to convert a safetensors model")
     if not any(name.endswith(".safetensors") for name in files):
         raise InvalidRequestError("no .safetensors files were given")
+    check_tokenizer(read_json(files, TOKENIZER, required=True))
+    _sources(files, hp)
     return hp
 
 

@@ -57,14 +57,7 @@ def tokenizer_metadata(
     vocab_size: int,
 ) -> dict[str, MetadataValue]:
     """The ``tokenizer.*`` metadata of a GGUF for these files."""
-    model = tokenizer.get("model")
-    if not isinstance(model, Mapping) or model.get("type") != "BPE":
-        kind = model.get("type") if isinstance(model, Mapping) else None
-        raise InvalidRequestError(f"unsupported tokenizer type {kind!r}: only BPE is converted")
-    if model.get("byte_fallback"):
-        raise InvalidRequestError(
-            "unsupported tokenizer: a SentencePiece-style BPE (byte_fallback) is not converted"
-        )
+    model = check_tokenizer(tokenizer)
     tokens, types, ids = _vocabulary(model, tokenizer.get("added_tokens") or [], vocab_size)
     md: dict[str, MetadataValue] = {
         "tokenizer.ggml.model": MetadataValue("gpt2", V.STRING),
@@ -80,6 +73,19 @@ def tokenizer_metadata(
     if template:
         md["tokenizer.chat_template"] = MetadataValue(template, V.STRING)
     return md
+
+
+def check_tokenizer(tokenizer: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``tokenizer.json``'s model, if it is one this module converts; a 400 otherwise."""
+    model = tokenizer.get("model")
+    if not isinstance(model, Mapping) or model.get("type") != "BPE":
+        kind = model.get("type") if isinstance(model, Mapping) else None
+        raise InvalidRequestError(f"unsupported tokenizer type {kind!r}: only BPE is converted")
+    if model.get("byte_fallback"):
+        raise InvalidRequestError(
+            "unsupported tokenizer: a SentencePiece-style BPE (byte_fallback) is not converted"
+        )
+    return model
 
 
 def _vocabulary(
