@@ -461,10 +461,7 @@ def _local_files(arg: str, base_dir: Path) -> list[Path] | None:
     """Files an argument names on disk, or None when it names nothing local."""
     path = _expand(arg, base_dir)
     if path.is_dir():
-        ggufs = sorted(p for p in path.glob("*.gguf") if p.is_file())
-        if not ggufs:
-            raise ModelfileError(f"no GGUF files found in directory {path}")
-        return ggufs
+        return _folder_files(path)
     if path.exists():
         return [path]
     if any(ch in arg for ch in "*?["):  # split GGUFs: FROM ./model-*.gguf
@@ -476,6 +473,26 @@ def _local_files(arg: str, base_dir: Path) -> list[Path] | None:
 def _looks_like_path(arg: str) -> bool:
     """A DRAFT argument meant as a file (a missing one is an error, not a model name)."""
     return arg.startswith((".", "/", "~")) or arg.lower().endswith((".gguf", ".bin"))
+
+
+# A Hugging Face folder, as Ollama's CLI gathers it (parser.go filesForModel): the weights,
+# then the JSON files beside them (config, tokenizer, generation config), the chat
+# template and a SentencePiece model where there is one.
+_HF_WEIGHTS = ("model*.safetensors", "consolidated*.safetensors")
+_HF_EXTRAS = ("*.json", "chat_template.jinja", "tokenizer.model")
+
+
+def _folder_files(path: Path) -> list[Path]:
+    """The files ``FROM <folder>`` sends: a Hugging Face checkpoint's, or its GGUFs."""
+    for pattern in _HF_WEIGHTS:
+        weights = sorted(p for p in path.glob(pattern) if p.is_file())
+        if weights:
+            extras = sorted({p for e in _HF_EXTRAS for p in path.glob(e) if p.is_file()})
+            return weights + extras
+    ggufs = sorted(p for p in path.glob("*.gguf") if p.is_file())
+    if not ggufs:
+        raise ModelfileError(f"no GGUF or safetensors files found in directory {path}")
+    return ggufs
 
 
 def _plan(mf: Modelfile, base_dir: Path) -> CreatePlan:

@@ -22,7 +22,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "ollamatrio"
 FLOORS: list[list[str]] = [
     ["_version", "errors", "gofmt", "kv_cache", "types", "wire"],  # leaves: import nothing of ours
     ["config", "gguf", "modelfile", "template", "http1", "auth"],  # http1: HTTP/1.1 framing
-    ["log", "devices", "memory", "model_info", "slot_cache"],
+    ["log", "devices", "memory", "model_info", "slot_cache", "convert"],
     ["runner"],  # the child process: facts and records only
     ["engines", "store"],
     ["model_config", "testing"],

@@ -384,6 +384,22 @@ def test_plan_for_a_directory_and_a_glob(elsewhere: Path) -> None:
     assert [u.path.name for u in by_dir.uploads] == sorted(expected)
 
 
+def test_plan_for_a_hugging_face_folder(elsewhere: Path) -> None:
+    """A safetensors checkpoint sends its shards, its JSON files and its chat template,
+    as Ollama's CLI gathers them; a stray GGUF or README beside them stays home."""
+    folder = elsewhere / "my-finetune"
+    folder.mkdir()
+    names = [
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+        "config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+    ]  # fmt: skip
+    for name in [*names, "README.md", "other.gguf"]:
+        (folder / name).write_text(name)
+    plan = parse_modelfile("FROM ./my-finetune").to_create_request(elsewhere)
+    assert plan.request == {"files": {name: sha256(name.encode()) for name in names}}
+    assert [u.path.name for u in plan.uploads] == [*names[:2], *sorted(names[2:])]
+
+
 def test_plan_glob_without_match_is_a_model_name(elsewhere: Path) -> None:
     plan = parse_modelfile("FROM model-*.gguf").to_create_request(elsewhere)
     assert plan.request == {"from": "model-*.gguf"}
@@ -420,7 +436,7 @@ PLAN_ERRORS = [
     ("missing-draft", "FROM x\nDRAFT ./nope", "DRAFT ./nope: no such file"),
     ("missing-draft-gguf", "FROM x\nDRAFT nope.gguf", "DRAFT nope.gguf: no such file"),
     ("draft-same-as-from", "FROM a/m.gguf\nDRAFT ./a/m.gguf", "DRAFT must not reference"),
-    ("empty-directory", "FROM empty", "no GGUF files found in directory"),
+    ("empty-directory", "FROM empty", "no GGUF or safetensors files found in directory"),
     ("basename-collision", "FROM a/m.gguf\nFROM b/m.gguf",
         'two different files are named "m.gguf"'),
 ]  # fmt: skip

@@ -161,7 +161,7 @@ def create(ctx: ApiContext, body: dict[str, Any]) -> Progress:
             parameters=merge_options(parameters) if parameters else None,
             license=license_,
             messages=get_list(body, "messages") or None,
-            quantize=get_str(body, "quantize") or None,
+            quantize=get_str(body, "quantize") or get_str(body, "quantization") or None,
             renderer=get_str(body, "renderer") or None,
             parser=get_str(body, "parser") or None,
             requires=get_str(body, "requires") or None,

@@ -1,18 +1,21 @@
 """``/api/create`` at store level: a new manifest from an existing model or GGUF blobs.
 
 The order of layers, the statuses and the config blob follow Ollama's ``server/create.go``:
-base layers (from the parent model, or one per GGUF file), then adapters, then the
-template, system prompt, licenses, parameters and messages given in the request.
+base layers (from the parent model, one per GGUF file, or one converted from a Hugging Face
+safetensors folder), rewritten in the type ``quantize`` asks for, then adapters, then the
+template, system prompt, licenses, parameters and messages given in the request.  The
+conversions are ``convert/``'s, imported on first use (numpy).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..convert.policy import ONLY_FLOAT_SOURCES, SOURCES, Target, parse_target
 from ..errors import GGUFError, InvalidRequestError, ModelNotFoundError, NoSuchModelError
 from ..gguf import DuplicateToken, GGUFInfo, read_gguf
 from ..gguf.speculation import vocabulary_mismatch
@@ -41,6 +44,9 @@ from .store import _CHUNK, ModelStore, PinSet
 NEITHER_FROM_NOR_FILES = "neither 'from' or 'files' was specified"
 NOT_GGUF = "supplied file was not in GGUF format"
 _WEIGHTS = (MEDIA_MODEL, MEDIA_PROJECTOR, MEDIA_ADAPTER)
+#: The digest Ollama's quantizing progress lines carry (a bar of their own, not a blob's).
+QUANTIZE_DIGEST = "0000000000000000000"
+Event = dict[str, Any]
 
 
 def human_number(n: int) -> str:
@@ -79,6 +85,10 @@ class CreateRequest:
     messages: tuple[Mapping[str, Any], ...]
     config_extra: Mapping[str, str] = field(default_factory=dict)
     draft: Draft | None = None
+    quantize: Target | None = None
+    #: A Hugging Face folder to convert: file name -> digest (``files`` when they are
+    #: safetensors).
+    safetensors: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def validate(
@@ -102,16 +112,15 @@ class CreateRequest:
         draft: str | None = None,
     ) -> CreateRequest:
         target = parse_name(name)
-        if quantize:
-            raise InvalidRequestError(
-                f"quantization is not supported (quantize={quantize!r}): "
-                "create the model from a GGUF file that is already quantized"
-            )
+        quantize_to = parse_target(quantize) if quantize else None
         source = parse_name(from_model) if from_model else None
         file_digests: tuple[str, ...] = ()
+        safetensors: dict[str, str] = {}
         if source is not None:
             if not store.exists(source):
                 raise ModelNotFoundError(f'model "{from_model}" not found, try pulling it first')
+        elif files is not None and _file_kind(files) == "safetensors":
+            safetensors = _safetensors_files(store, files)
         elif files is not None:
             file_digests = _gguf_digests(store, files, adapter=False)
         else:
@@ -137,6 +146,8 @@ class CreateRequest:
             messages=_messages(messages),
             config_extra=extra,
             draft=chosen_draft,
+            quantize=quantize_to,
+            safetensors=safetensors,
         )
 
 
@@ -217,22 +228,31 @@ def _gguf_digests(store: ModelStore, files: Mapping[str, str], *, adapter: bool)
         raise InvalidRequestError("files must be an object of file name to digest")
     kind = _file_kind(files)
     if kind == "safetensors":
-        raise InvalidRequestError(
-            "converting safetensors is not supported: create the model from a GGUF file"
-        )
+        raise InvalidRequestError("converting a safetensors adapter is not supported")
     if kind != "gguf":
         raise InvalidRequestError("unknown type")
     if adapter and len(files) > 1:
         raise InvalidRequestError("only one adapter is currently supported")
-    digests = []
-    for digest in files.values():
-        canonical = parse_digest(digest)
-        if not store.has_blob(canonical):
-            raise InvalidRequestError(
-                f"blob {canonical} not found: upload it with POST /api/blobs/{canonical} first"
-            )
-        digests.append(canonical)
-    return tuple(digests)
+    return tuple(_uploaded(store, digest) for digest in files.values())
+
+
+def _uploaded(store: ModelStore, digest: str) -> str:
+    canonical = parse_digest(digest)
+    if not store.has_blob(canonical):
+        raise InvalidRequestError(
+            f"blob {canonical} not found: upload it with POST /api/blobs/{canonical} first"
+        )
+    return canonical
+
+
+def _safetensors_files(store: ModelStore, files: Mapping[str, str]) -> dict[str, str]:
+    """A Hugging Face folder's files, checked as far as the config says (architecture,
+    shape, tokenizer present) before anything is converted."""
+    from ..convert.hf_import import check_folder  # numpy and gguf: only when converting
+
+    digests = {name: _uploaded(store, digest) for name, digest in files.items()}
+    check_folder({name: store.blob_path(digest) for name, digest in digests.items()})
+    return digests
 
 
 def _licenses(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -287,10 +307,15 @@ def _create_steps(store: ModelStore, request: CreateRequest) -> Iterator[dict[st
         steps: list[_Step] = []
         if request.from_model is not None:
             steps, config_extra = _from_model(store, request.from_model, pins)
+        elif request.safetensors:
+            yield {"status": "converting model"}
+            steps.append((yield from _converted(store, request.safetensors, pins)))
         else:
             for digest in request.files:
                 yield {"status": "parsing GGUF"}
                 steps.append(_gguf_step(store, digest, pins, adapter=False))
+        if request.quantize is not None:
+            steps = yield from _quantized(store, steps, request.quantize, pins)
         for digest in request.adapters:
             yield {"status": "parsing GGUF"}
             steps.append(_gguf_step(store, digest, pins, adapter=True))
@@ -349,6 +374,64 @@ def _from_model(
     kept = ("renderer", "parser", "requires", "draft")
     extra = {k: model.config[k] for k in kept if model.config.get(k)}
     return steps, extra
+
+
+def _converted(
+    store: ModelStore, files: Mapping[str, str], pins: PinSet
+) -> Generator[Event, None, _Step]:
+    """A Hugging Face folder converted to a GGUF blob (Ollama's "converting model")."""
+    from ..convert.hf_import import convert_folder
+
+    for digest in files.values():
+        if not store.pin_if_present(digest, pins):
+            raise InvalidRequestError(f"blob {digest} not found")
+    paths = {name: store.blob_path(digest) for name, digest in files.items()}
+    with store.blob_writer() as writer:
+        for done in convert_folder(paths, writer.path):
+            yield {"status": "converting model", "total": done.total, "completed": done.done}
+        digest = writer.commit_file(pins)
+    return _new_model_step(store, digest, created=writer.created)
+
+
+def _quantized(
+    store: ModelStore, steps: list[_Step], target: Target, pins: PinSet
+) -> Generator[Event, None, list[_Step]]:
+    """The model layers rewritten in ``target``'s types, with Ollama's progress lines;
+    a layer already of that type is kept, one not F32, F16 or BF16 refused."""
+    from ..convert.quantize import quantize_gguf  # numpy and gguf: only when quantizing
+
+    out = []
+    for step in steps:
+        if step.layer.media_type != MEDIA_MODEL or step.info is None:
+            out.append(step)
+            continue
+        file_type = step.info.file_type
+        source = SOURCES.get(file_type) if file_type is not None else None
+        if source is None:
+            raise InvalidRequestError(ONLY_FLOAT_SOURCES)
+        if source == target.name:
+            out.append(step)
+            continue
+        status, size = f"quantizing {source} model to {target.name}", step.layer.size
+        with store.blob_writer() as writer:
+            for done in quantize_gguf(store.blob_path(step.layer.digest), writer.path, target):
+                completed = size * done.done // done.total if done.total else size
+                yield {
+                    "status": status,
+                    "digest": QUANTIZE_DIGEST,
+                    "total": size,
+                    "completed": completed,
+                }
+            yield {"status": "verifying conversion"}
+            digest = writer.commit_file(pins)
+        out.append(_new_model_step(store, digest, created=writer.created))
+    return out
+
+
+def _new_model_step(store: ModelStore, digest: str, *, created: bool) -> _Step:
+    path = store.blob_path(digest)
+    status = "creating new layer" if created else "using existing layer"
+    return _Step(Layer(MEDIA_MODEL, digest, path.stat().st_size), f"{status} {digest}", _read(path))
 
 
 def _read(path: Any) -> GGUFInfo:
@@ -479,7 +562,8 @@ def create_model(
 ) -> Iterator[dict[str, Any]]:
     """``/api/create`` at store level: validates now, then yields progress dicts.
 
-    Statuses as Ollama's: "parsing GGUF", "using existing layer sha256:...",
+    Statuses as Ollama's: "parsing GGUF" (or "converting model"), "quantizing F16 model
+    to Q8_0" and "verifying conversion" when asked to, "using existing layer sha256:...",
     "creating new layer sha256:...", "writing manifest", "success".
     """
     request = CreateRequest.validate(

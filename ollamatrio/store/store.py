@@ -237,6 +237,24 @@ class BlobWriter:
         self.digest = digest
         return digest
 
+    @property
+    def path(self) -> Path:
+        """The temporary file, for a writer that must open a path of its own (a GGUF
+        writer); then :meth:`commit_file` instead of :meth:`commit`."""
+        return self._tmp
+
+    def commit_file(self, pins: PinSet | None = None) -> str:
+        """:meth:`commit` for bytes written to :attr:`path` directly: hashed from disk."""
+        if self.size:
+            raise OllamatrioError("blob writer: both write() and the path were used")
+        self._file.close()
+        with on_disk(self._action), open(self._tmp, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                self._hash.update(chunk)
+                self.size += len(chunk)
+        self._file = open(self._tmp, "ab")  # noqa: SIM115 - commit() closes it
+        return self.commit(pins)
+
     def abort(self) -> None:
         if not self._file.closed:
             self._file.close()

@@ -10,6 +10,7 @@ share a small machine) by each side's CLI.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import re
 from collections.abc import Callable
@@ -38,6 +39,11 @@ def _webp() -> str:
 WEBP = _webp()
 BROKEN_WEBP = WEBP[:40]  # cut in its bitstream (base64 of its first 30 bytes)
 MISSING_BLOB = "sha256:" + "0" * 64
+# A Hugging Face folder of an architecture neither server converts.
+GPT2_CONFIG = b'{"architectures": ["GPT2LMHeadModel"], "n_layer": 2}'
+GPT2_CONFIG_BLOB = "sha256:" + hashlib.sha256(GPT2_CONFIG).hexdigest()
+GPT2_WEIGHTS = b"\x02\x00\x00\x00\x00\x00\x00\x00{}"  # an empty safetensors file
+GPT2_WEIGHTS_BLOB = "sha256:" + hashlib.sha256(GPT2_WEIGHTS).hexdigest()
 LOCAL = {"Origin": "http://localhost"}
 # The registry both servers push to (test_differential.py starts the project's fake one
 # there), and the name they push it as.
@@ -516,6 +522,31 @@ CORPUS: list[Case] = [
         {"model": "bad-param", "from": MODEL, "parameters": {"num_ctx": "big"}, "stream": False},
     ),
     Case("delete after bad parameter", "DELETE", "/api/delete", {"model": "bad-param"}, state=True),
+    Case(
+        "create quantize quantized model",
+        "POST",
+        "/api/create",
+        {"model": "smol-q8", "from": MODEL, "quantize": "q8_0", "stream": False},
+    ),
+    Case(
+        "create quantize k-quant",
+        "POST",
+        "/api/create",
+        {"model": "smol-q4km", "from": MODEL, "quantize": "q4_K_M", "stream": False},
+        state=True,
+    ),
+    Case("blob upload config", "POST", f"/api/blobs/{GPT2_CONFIG_BLOB}", raw=GPT2_CONFIG),
+    Case("blob upload weights", "POST", f"/api/blobs/{GPT2_WEIGHTS_BLOB}", raw=GPT2_WEIGHTS),
+    Case(
+        "create from unsupported architecture",
+        "POST",
+        "/api/create",
+        {
+            "model": "x",
+            "files": {"config.json": GPT2_CONFIG_BLOB, "model.safetensors": GPT2_WEIGHTS_BLOB},
+            "stream": False,
+        },
+    ),
     Case("pull offline", "POST", "/api/pull", {"model": "nope-offline", "stream": False}),
     # -- images to a vision model (the same model file with a projector) -----------------
     Case(
