@@ -1,7 +1,9 @@
 """A float GGUF (F32, F16, BF16) rewritten in another type, one tensor at a time.
 
-The types come from :mod:`.policy`; the values from ``gguf.quants.quantize`` (numpy; the
-legacy block types Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, and the float types).  The metadata is
+The types come from :mod:`.policy`; the values from ggml's ``ggml_quantize_chunk`` in the
+engine's library for the block types (:mod:`.ggml_quants`: the K-quants and the legacy
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), else from ``gguf.quants.quantize`` (numpy: the legacy block
+types and the float types).  The metadata is
 copied byte for byte, with ``general.file_type`` set to the target's (so the header says
 what the file now holds: ``quantization_level`` in ``/api/show`` and ``/api/tags``) and
 ``general.alignment`` left out (the output uses the default).
@@ -21,6 +23,7 @@ import numpy as np
 from ..gguf import TensorInfo, read_gguf
 from ..gguf.constants import GGUFValueType
 from ..gguf.cursor import Cursor
+from .ggml_quants import ggml_quantizer
 from .gguf_out import (
     PlannedTensor,
     Progress,
@@ -28,7 +31,7 @@ from .gguf_out import (
     progress,
     write_gguf_copying_metadata,
 )
-from .policy import ModelShape, Target, tensor_type
+from .policy import ModelShape, Target, TypePlanner
 from .rows import Steps, StoredRows, at_once, encode, pread_exactly
 
 _FILE_TYPE = "general.file_type"
@@ -40,12 +43,13 @@ def quantize_gguf(source: Path, output: Path, target: Target) -> Iterator[Progre
     """Write ``source`` to ``output`` in ``target``'s types; yields the progress after
     each slice of rows and each tensor written."""
     info = read_gguf(source, cache=False)
-    names = {t.name for t in info.tensors}
     experts = info.metadata.get(f"{info.architecture}.expert_count")
-    model = ModelShape(
-        has_output="output.weight" in names,
+    model = ModelShape.of(
+        [t.name for t in info.tensors],
         expert_count=experts if isinstance(experts, int) else 0,
+        architecture=info.architecture or "",
     )
+    planner = TypePlanner(target, model, k_quants=ggml_quantizer() is not None)
     fd = os.open(source, os.O_RDONLY)
     try:
         metadata: list[Callable[[BinaryIO], None]] = [
@@ -54,7 +58,7 @@ def quantize_gguf(source: Path, output: Path, target: Target) -> Iterator[Progre
             if key not in _DROPPED_KEYS
         ]
         metadata.append(partial(_uint32, _FILE_TYPE, int(target.file_type)))
-        planned = [_planned(fd, info.data_offset, t, target, model) for t in info.tensors]
+        planned = [_planned(fd, info.data_offset, t, planner) for t in info.tensors]
         sizes = {t.name: t.nbytes for t in info.tensors}
         yield from progress(write_gguf_copying_metadata(output, metadata, planned), sizes)
     finally:
@@ -84,10 +88,8 @@ def _uint32(key: str, value: int, out: BinaryIO) -> None:
     out.write(gguf_string(key) + struct.pack("<II", GGUFValueType.UINT32, value))
 
 
-def _planned(
-    fd: int, data_offset: int, t: TensorInfo, target: Target, model: ModelShape
-) -> PlannedTensor:
-    new = tensor_type(t.name, t.shape, t.type, target, model)
+def _planned(fd: int, data_offset: int, t: TensorInfo, planner: TypePlanner) -> PlannedTensor:
+    new = planner.type_of(t.name, t.shape, t.type)
     offset = data_offset + t.offset
     width = t.shape[0] if t.shape else 1
     rows = t.n_elements // width if width else 0
