@@ -7,7 +7,11 @@ beside the model's and its largest tensor's sizes.  The peak is ``VmHWM`` from
 ``/proc/self/status``: ``ru_maxrss`` would be the parent's size at the fork (Linux carries
 the forking process's high-water mark across ``exec`` into the child's rusage).
 
-    .venv/bin/python scripts/bench_quantize.py [--smollm2 PATH] [--targets q8_0,q4_0]
+The block types are made by ggml in the engine's library (convert/ggml_quants.py);
+``--numpy`` times each target again as a machine without that library makes it (numpy's
+``gguf.quants``; the K targets are then refused and left out).
+
+    .venv/bin/python scripts/bench_quantize.py [--smollm2 PATH] [--targets q8_0,q4_0] [--numpy]
 """
 
 from __future__ import annotations
@@ -37,9 +41,13 @@ def peak_rss() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def child(source: str, out: str, target: str) -> None:
+def child(source: str, out: str, target: str, quantizer: str) -> None:
+    from ollamatrio.convert import ggml_quants
     from ollamatrio.convert.policy import parse_target
     from ollamatrio.convert.quantize import quantize_gguf
+
+    if quantizer == "numpy":
+        ggml_quants._engine_library = lambda: None  # as where the library is absent
 
     before = peak_rss()
     started = time.perf_counter()
@@ -54,7 +62,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smollm2", type=Path, default=DEFAULT_SMOLLM2)
     parser.add_argument("--targets", default="q8_0,q4_0")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--numpy", action="store_true", help="also time numpy's quantizer")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(*args.child)
@@ -70,18 +79,23 @@ def main() -> None:
         print(f"model (F16): {source.stat().st_size / MIB:.0f} MiB; largest tensor "
               f"{largest.name}: {largest.nbytes / MIB:.0f} MiB as F16, "
               f"{largest.n_elements * 4 / MIB:.0f} MiB as float32")  # fmt: skip
-        print("| target | output | peak RSS | RSS before quantizing | growth | time |")
-        print("|---|---|---|---|---|---|")
+        print("| target | quantizer | output | peak RSS | RSS before quantizing | growth | time |")
+        print("|---|---|---|---|---|---|---|")
+        quantizers = ["ggml", "numpy"] if args.numpy else ["ggml"]
         for target in args.targets.split(","):
-            out = Path(tmp) / f"{target}.gguf"
-            run = subprocess.run(
-                [sys.executable, __file__, "--child", str(source), str(out), target],
-                check=True, capture_output=True, text=True,
-            )  # fmt: skip
-            r = json.loads(run.stdout.strip().splitlines()[-1])
-            print(f"| {target} | {out.stat().st_size / MIB:.0f} MiB | {r['peak'] / MIB:.0f} MiB "
-                  f"| {r['before'] / MIB:.0f} MiB | {(r['peak'] - r['before']) / MIB:.0f} MiB "
-                  f"| {r['seconds']:.1f} s |")  # fmt: skip
+            for quantizer in quantizers:
+                if quantizer == "numpy" and "_K" in target.upper():
+                    continue  # numpy makes no K-quant
+                out = Path(tmp) / f"{target}-{quantizer}.gguf"
+                run = subprocess.run(
+                    [sys.executable, __file__, "--child", str(source), str(out), target, quantizer],
+                    check=True, capture_output=True, text=True,
+                )  # fmt: skip
+                r = json.loads(run.stdout.strip().splitlines()[-1])
+                growth = (r["peak"] - r["before"]) / MIB
+                print(f"| {target} | {quantizer} | {out.stat().st_size / MIB:.0f} MiB "
+                      f"| {r['peak'] / MIB:.0f} MiB | {r['before'] / MIB:.0f} MiB "
+                      f"| {growth:.0f} MiB | {r['seconds']:.1f} s |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p = sub.add_parser("create", help="Create a model from a Modelfile")
     p.add_argument("name", metavar="MODEL")
     p.add_argument("-f", "--file", help='Name of the Modelfile (default "Modelfile")')
-    p.add_argument("-q", "--quantize", help="Quantize model to this level (e.g. q8_0, q4_0)")
+    p.add_argument("-q", "--quantize", help="Quantize model to this level (e.g. q4_K_M, q8_0)")
 
     p = sub.add_parser("show", help="Show information for a model")
     p.add_argument("model", metavar="MODEL")
