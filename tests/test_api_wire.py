@@ -174,7 +174,7 @@ async def test_model_is_echoed_as_sent(api_server) -> None:
         ),
         ("/api/embed", b'{"model": "tiny-embed", "input": 3}', 400, "invalid input type"),
         ("/api/create", b'{"model": "new"}', 400, "neither 'from' or 'files' was specified"),
-        ("/api/create", b'{"model": "new", "from": "tiny", "quantize": "q4_K_M"}', 400, None),
+        ("/api/create", b'{"model": "new", "from": "tiny", "quantize": "q6_K"}', 400, None),
         ("/api/copy", b'{"source": "tiny"}', 400, 'destination "" is invalid'),
         ("/api/copy", b'{"destination": "x"}', 400, 'source "" is invalid'),
         ("/api/create", b'{"from": "tiny"}', 400, "invalid model name"),

@@ -356,7 +356,7 @@ def test_create_from_existing_model_overrides_and_merges(
         ({"files": {"a.gguf": "sha256:nothex"}}, "invalid digest format"),
         ({"files": {"a.safetensors": "sha256:" + "0" * 64}}, "not found"),
         ({"files": {"a.txt": "sha256:" + "0" * 64}}, "unknown type"),
-        ({"from_model": "base", "quantize": "q4_K_M"}, "supported types are F32, F16, BF16, Q8_0"),
+        ({"from_model": "base", "quantize": "q6_K"}, "supported types are F32, F16, BF16, Q8_0"),
         ({"from_model": "../x"}, "invalid model name"),
         ({"from_model": "base", "license": [1]}, "license"),
         ({"from_model": "base", "messages": [{"content": "x"}]}, "messages"),
