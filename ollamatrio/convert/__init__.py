@@ -7,6 +7,8 @@ when a create asks for them: a server that never converts never pays for numpy.
 
 The modules: :mod:`.policy` (which type each tensor gets; pure), :mod:`.rows` (tensor rows
 read from a file as float32 and encoded to a GGUF type, a slice at a time),
+:mod:`.ggml_quants` (the block types, K-quants among them, made by ggml in the engine's
+library),
 :mod:`.gguf_out` (a GGUF written header first, then one tensor at a time),
 :mod:`.quantize` (a GGUF to another type), :mod:`.safetensors` (a shard's header),
 :mod:`.hf_tokenizer` and :mod:`.hf_llama` (a Hugging Face tokenizer and llama-family config
