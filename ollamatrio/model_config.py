@@ -9,6 +9,7 @@
     preload = true            # loaded at start-up, in the background
     gpus = [0]                # GPU indices or ids ("GPU-…"); [] or "cpu": CPU only
     prompt_cache = 512        # host-RAM prompt cache in MiB (0: off; OLLAMATRIO_PROMPT_CACHE)
+    speculative = "ngram"     # default speculative decoding: auto, off, ngram, draft
 
     [models.nomic-embed-text]
     pinned = true             # never evicted, never expires
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import speculative
 from .config import parse_keep_alive
 from .devices import GpuInfo
 from .errors import InvalidRequestError, OllamatrioError
@@ -56,6 +58,7 @@ class ModelSettings:
     # None: any GPU; (): CPU only.
     gpus: tuple[int | str, ...] | None = None
     prompt_cache: int | None = None  # MiB of host-RAM prompt cache; 0 = off
+    speculative: str | None = None  # the model's default ``speculative`` option
 
     def allows(self, gpu: GpuInfo) -> bool:
         if self.gpus is None:
@@ -199,6 +202,7 @@ def _model_settings(table: Mapping[str, Any]) -> ModelSettings:
         "preload": _bool,
         "gpus": _gpus,
         "prompt_cache": _mib,
+        "speculative": _speculative,
     }
     values: dict[str, Any] = {}
     for key, value in table.items():
@@ -239,6 +243,14 @@ def _bool(value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"must be true or false, not {_type_name(value)}")
     return value
+
+
+def _speculative(value: object) -> str:
+    try:
+        return speculative.parse_mode(value)
+    except speculative.SpeculativeError:
+        modes = ", ".join(f'"{m}"' for m in speculative.MODES)
+        raise ValueError(f"must be one of {modes}, not {value!r}") from None
 
 
 def _keep_alive(value: object) -> float:

@@ -20,10 +20,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ollamatrio import speculative
 from ollamatrio.errors import InvalidRequestError
 from ollamatrio.gofmt import format_float, format_value, quote
 
-ParamValue = int | float | bool | list[str]
+ParamValue = int | float | bool | str | list[str]
 
 #: Every option a ``PARAMETER`` line may set, with its JSON type (Ollama's ``api.Options``).
 PARAMETER_TYPES: Mapping[str, type] = MappingProxyType(
@@ -36,6 +37,7 @@ PARAMETER_TYPES: Mapping[str, type] = MappingProxyType(
         "use_mmap": bool,
         "num_thread": int,
         "draft_num_predict": int,
+        speculative.OPTION: str,  # ours: auto | off | ngram | draft (docs/speculative.md)
         # per-request sampling options
         "num_keep": int,
         "seed": int,
@@ -234,6 +236,11 @@ def parse_parameter_value(name: str, raw: str) -> int | float | bool | str:
         raise ModelfileError(f"unknown parameter '{name}'")
     if kind is list:
         return raw
+    if kind is str:
+        try:
+            return speculative.parse_mode(raw)
+        except speculative.SpeculativeError:
+            raise ModelfileError(f"invalid value '{raw}' for parameter {name}") from None
     if kind is bool:
         if raw not in _GO_BOOL:
             raise ModelfileError(f"invalid bool value '{raw}' for parameter {name}")
@@ -399,9 +406,10 @@ class _Builder:
             value = parse_parameter_value(name, raw)
         except ModelfileError as exc:
             raise ModelfileError(exc.message, line) from None
-        if isinstance(value, str):  # only a list parameter (stop) comes back as a string
+        if PARAMETER_TYPES[name] is list:  # a list parameter (stop) comes back one string
             stops = self.parameters.setdefault(name, [])
             assert isinstance(stops, list)
+            assert isinstance(value, str)
             stops.append(value)
         else:
             self.parameters[name] = value

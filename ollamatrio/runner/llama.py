@@ -100,4 +100,23 @@ def build_params(config: RunnerConfig, plan: LoadPlan) -> xlc.CommonParams:
         p.mmproj_use_gpu = plan.n_gpu_layers != 0
     if spec.chat_template:
         p.chat_template = spec.chat_template
+    if spec.speculative == "ngram" and not plan.embedding:
+        configure_ngram(p.speculative)
     return p
+
+
+# N-gram drafting (docs/speculative.md has the measurements behind these choices).
+NGRAM_TYPE = xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K4V
+NGRAM_KEY = 4  # tokens that must match an earlier place in the context
+NGRAM_DRAFT = 16  # tokens drafted after the match, at most
+NGRAM_MIN_HITS = 1
+
+
+def configure_ngram(spec: xlc.CommonParamsSpeculative) -> None:
+    """llama.cpp's n-gram drafter: where the last tokens match an earlier place in the
+    slot's context, it drafts the tokens that followed them there."""
+    spec.types = [NGRAM_TYPE]
+    for table in (spec.ngram_map_k, spec.ngram_map_k4v, spec.ngram_simple):
+        table.size_n = NGRAM_KEY
+        table.size_m = NGRAM_DRAFT
+        table.min_hits = NGRAM_MIN_HITS

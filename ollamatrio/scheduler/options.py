@@ -1,9 +1,9 @@
 """Load-time options: what a request asks of a runner, and when a loaded runner won't do.
 
 Only load-time options matter here (Ollama B26: num_ctx, num_batch, num_gpu, main_gpu,
-use_mmap, num_thread); sampling options never cause a reload.  Whether the runner computes
-embeddings is a load-time choice too (llama.cpp's ``embedding`` flag): a runner loaded with
-it also generates, so it serves every request for its model file.
+use_mmap, num_thread; ours: speculative); sampling options never cause a reload.  Whether the
+runner computes embeddings is a load-time choice too (llama.cpp's ``embedding`` flag): a
+runner loaded with it also generates, so it serves every request for its model file.
 
 Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
 """
@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import speculative
 from ..errors import InvalidRequestError
 
 GiB = 1 << 30
@@ -40,6 +41,7 @@ class LoadOptions:
     num_parallel: int
     context_shift: bool = True  # B27: the request's shift, else on (off for deepseek2)
     embeddings: bool = False  # loaded in embedding mode: it embeds, and generates too
+    drafter: speculative.Drafter = "none"  # speculative decoding's drafter (speculative.py)
 
 
 def _int_option(options: Mapping[str, Any], key: str) -> int | None:
@@ -87,12 +89,15 @@ def resolve_load_options(
     architecture: str = "",
     has_projector: bool = False,
     shift: bool | None = None,
+    speculative_default: str | None = None,
+    has_draft_model: bool = False,
 ) -> LoadOptions:
     """Turn merged request options into what the runner is loaded with (B1, B13, B14, B16, B37).
 
     ``embedding_only``: the model cannot generate (one slot, B13); ``embeddings``: the
     request needs embeddings, so the runner is loaded in embedding mode (always so for an
-    embedding-only model)."""
+    embedding-only model).  ``speculative_default``: the model's configured ``speculative``
+    (the TOML model config), which the options' own value overrides."""
     embeddings = embeddings or embedding_only
     requested_ctx = _int_option(options, "num_ctx")
     num_ctx_auto = requested_ctx is None and not context_length_configured
@@ -118,6 +123,9 @@ def resolve_load_options(
 
     num_gpu = _int_option(options, "num_gpu")
     num_thread = _int_option(options, "num_thread")
+    drafter = _drafter(
+        options.get(speculative.OPTION, speculative_default), has_draft_model, embeddings
+    )
     return LoadOptions(
         num_ctx=num_ctx,
         num_ctx_auto=num_ctx_auto,
@@ -130,7 +138,19 @@ def resolve_load_options(
         num_parallel=slots,
         context_shift=shift if shift is not None else architecture != "deepseek2",
         embeddings=embeddings,
+        drafter=drafter,
     )
+
+
+def _drafter(value: Any, has_draft_model: bool, embeddings: bool) -> speculative.Drafter:
+    """The drafter the ``speculative`` option asks for.  A runner in embedding mode drafts
+    nothing: llama.cpp gives it one output per batch, so a draft could not be verified."""
+    try:
+        mode = speculative.DEFAULT if value is None else speculative.parse_mode(value)
+        drafter = speculative.drafter_for(mode, has_draft_model=has_draft_model)
+    except speculative.SpeculativeError as exc:
+        raise InvalidRequestError(str(exc)) from None
+    return "none" if embeddings else drafter
 
 
 def needs_reload(loaded: LoadOptions, wanted: LoadOptions) -> bool:
@@ -156,5 +176,9 @@ def needs_reload(loaded: LoadOptions, wanted: LoadOptions) -> bool:
     if wanted.context_shift != loaded.context_shift:
         return True  # B25: a load-time choice of llama.cpp's
     if wanted.embeddings and not loaded.embeddings:
+        return True
+    if wanted.drafter != loaded.drafter and not (wanted.embeddings or loaded.embeddings):
+        # llama.cpp takes its drafter at load only.  A runner in embedding mode drafts
+        # nothing and still serves generation (no reload back and forth between the two).
         return True
     return wanted.num_parallel != loaded.num_parallel

@@ -116,6 +116,7 @@ class RunnerTasks:
             projector=request.projector,
             chat_template=request.chat_template,
             prompt_cache_mib=placement.prompt_cache // MiB,
+            speculative=load.drafter,
         )
         runner = Runner(
             key=request.key,

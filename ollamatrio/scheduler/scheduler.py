@@ -375,6 +375,7 @@ class Scheduler:
             architecture=info.architecture,
             has_projector=request.projector is not None,
             shift=request.shift,
+            speculative_default=configured.speculative,
         )
 
     def _expire_idle_runners(self) -> None:
