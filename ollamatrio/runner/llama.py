@@ -106,17 +106,21 @@ def build_params(config: RunnerConfig, plan: LoadPlan) -> xlc.CommonParams:
 
 
 # N-gram drafting (docs/speculative.md has the measurements behind these choices).
+# map-k4v keeps, per key, the few continuations seen after it and drafts the dominant one only,
+# and caps the next draft from a key at what was accepted of its last one: a key whose drafts
+# are rejected stops drafting.  Its sizes are llama.cpp's defaults: a 12-token key rarely
+# matches by chance in prose, and 48 tokens cover a line or two of a re-emitted file.
 NGRAM_TYPE = xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K4V
-NGRAM_KEY = 4  # tokens that must match an earlier place in the context
-NGRAM_DRAFT = 16  # tokens drafted after the match, at most
-NGRAM_MIN_HITS = 1
+NGRAM_KEY = 12  # tokens that must match an earlier place in the context
+NGRAM_DRAFT = 48  # tokens drafted after the match, at most
+NGRAM_MIN_HITS = 1  # times the key must have been seen before it drafts
 
 
 def configure_ngram(spec: xlc.CommonParamsSpeculative) -> None:
     """llama.cpp's n-gram drafter: where the last tokens match an earlier place in the
     slot's context, it drafts the tokens that followed them there."""
     spec.types = [NGRAM_TYPE]
-    for table in (spec.ngram_map_k, spec.ngram_map_k4v, spec.ngram_simple):
-        table.size_n = NGRAM_KEY
-        table.size_m = NGRAM_DRAFT
-        table.min_hits = NGRAM_MIN_HITS
+    table = spec.ngram_map_k4v
+    table.size_n = NGRAM_KEY
+    table.size_m = NGRAM_DRAFT
+    table.min_hits = NGRAM_MIN_HITS
