@@ -147,7 +147,7 @@ ERRORS = [
     (
         "[models.m]\nnum_paralel = 2\n",
         "models.m.num_paralel: unknown key (expected one of num_parallel, num_ctx, "
-        "keep_alive, pinned, preload, gpus, prompt_cache)",
+        "keep_alive, pinned, preload, gpus, prompt_cache, speculative)",
     ),
     ('[models.m]\nnum_parallel = "2"\n', "models.m.num_parallel: must be an integer, not string"),
     ("[models.m]\nnum_parallel = 0\n", "models.m.num_parallel: must be at least 1, not 0"),
@@ -235,6 +235,7 @@ def test_the_example_in_the_docs_parses() -> None:
         preload=True,
         gpus=(0, 1),
         prompt_cache=2048,
+        speculative="off",
     )
     assert config.lookup("nomic-embed-text:latest") == ModelSettings(
         pinned=True, preload=True, gpus=()
