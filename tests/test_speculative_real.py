@@ -30,16 +30,33 @@ from ollamatrio.types import LoadSpec
 pytestmark = pytest.mark.slow
 
 TIE_NATS = 0.1  # a logprob gap this small between the best two tokens is a tie
-ANSWER_TOKENS = 64
+ANSWER_TOKENS = 96
 
-# A file held twice, then a change asked for: the model re-emits most of it (drafts pay) and
-# departs from it where the change goes (drafts there are wrong and must be rejected).
-FILE = "\n".join(f"def step_{i}(x):\n    return x * {i} + {i * i}\n" for i in range(1, 9))
+# A function quoted once, and a diff asked for: the answer quotes the function's lines (drafts
+# pay) and departs from them where the change goes and where the diff's own markup begins
+# (drafts there are wrong and must be rejected).
+FILE = """def host_bytes(pid: int = 0) -> int:
+    \"\"\"Resident memory of the process, without the file pages it maps.\"\"\"
+    info = psutil.Process(pid or os.getpid()).memory_full_info()
+    return int(info.uss)
+
+
+def vram_by_gpu(pid: int) -> dict[str, int]:
+    \"\"\"Bytes of GPU memory the process holds, per device id; empty without NVML.\"\"\"
+    used: dict[str, int] = {}
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid == pid and proc.usedGpuMemory:
+                used[uuid] = used.get(uuid, 0) + proc.usedGpuMemory
+    return used
+"""
 PROMPT = (
-    "<|im_start|>user\nHere is steps.py:\n```python\n" + FILE + "```\n"
-    "And again, as saved:\n```python\n" + FILE + "```\n"
-    "Rewrite steps.py so that every function adds 1 to its result.<|im_end|>\n"
-    "<|im_start|>assistant\n```python\n"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "<|im_start|>user\nHere is a function:\n```python\n" + FILE + "```\n"
+    "Write a unified diff that renames `vram_by_gpu` to `gpu_memory_by_pid`. "
+    "Quote the context lines of the original.<|im_end|>\n<|im_start|>assistant\n"
 )
 
 
@@ -147,4 +164,5 @@ async def test_prose_drafts_little(http: tuple[RunnerHttp, RunnerHttp]) -> None:
             {"prompt": story, "n_predict": ANSWER_TOKENS, "temperature": 0},
         )  # fmt: skip
     timings = answer["timings"]
-    assert timings["draft_n"] <= timings["predicted_n"] // 4, timings
+    # llama.cpp leaves draft_n out of the timings of a request that drafted nothing.
+    assert timings.get("draft_n", 0) <= timings["predicted_n"] // 4, timings
