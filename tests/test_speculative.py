@@ -228,3 +228,24 @@ async def test_v1_takes_the_option_from_extra_fields(api_server: Any) -> None:
 def test_module_is_json_free() -> None:
     # The option's values are plain strings: a request body carries them as they are.
     assert json.loads(json.dumps(list(speculative.MODES))) == ["auto", "off", "ngram", "draft"]
+
+
+async def test_a_model_parameter_sets_the_default_and_show_lists_it(api_server: Any) -> None:
+    async with test_metrics.serving(api_server) as (_, c):
+        created = await c.post("/api/create", json={
+            "model": "tiny-plain", "from": "tiny", "stream": False,
+            "parameters": {"speculative": "off"},
+        })  # fmt: skip
+        assert created.status_code == 200, created.text
+        shown = (await c.post("/api/show", json={"model": "tiny-plain"})).json()
+        assert 'speculative                    "off"' in shown["parameters"]
+        assert "PARAMETER speculative off" in shown["modelfile"]
+        body = {"model": "tiny-plain", "prompt": "one two one two", "stream": False,
+                "options": {"num_predict": 6}}  # fmt: skip
+        assert "draft_count" not in (await c.post("/api/generate", json=body)).json()
+        body["options"] = {"num_predict": 6, "speculative": "ngram"}  # the request wins
+        assert "draft_count" in (await c.post("/api/generate", json=body)).json()
+        bad = await c.post("/api/create", json={
+            "model": "tiny-bad", "from": "tiny", "parameters": {"speculative": "always"},
+        })  # fmt: skip
+        assert bad.status_code == 400
