@@ -166,3 +166,24 @@ async def test_prose_drafts_little(http: tuple[RunnerHttp, RunnerHttp]) -> None:
     timings = answer["timings"]
     # llama.cpp leaves draft_n out of the timings of a request that drafted nothing.
     assert timings.get("draft_n", 0) <= timings["predicted_n"] // 4, timings
+
+
+def test_drafting_survives_a_context_shift(smollm2_path: Path) -> None:
+    # Context shift is on by default (Ollama's B27); llama.cpp's map drafters abort the runner
+    # after one, so the drafter chosen must not.
+    spec = LoadSpec(model_path=str(smollm2_path), name="smollm2", num_ctx=128, speculative="ngram")
+    runner = start_raw_runner(spec)
+    try:
+        assert runner.ready["event"] == "ready", runner.ready
+
+        async def generate() -> dict[str, Any]:
+            async with open_runner_http(runner.socket, runner.config.api_key) as http:
+                body = {"prompt": " ".join(map(str, range(1, 26))), "n_predict": 300,
+                        "temperature": 0, "ignore_eos": True}  # fmt: skip
+                return await post(http, "/completion", body)
+
+        answer = trio.run(generate)
+        assert answer["timings"]["predicted_n"] == 300  # past the context, shifted
+        assert runner.process.poll() is None  # still running
+    finally:
+        runner.stop()

@@ -105,30 +105,21 @@ def build_params(config: RunnerConfig, plan: LoadPlan) -> xlc.CommonParams:
     return p
 
 
-# N-gram drafting (docs/speculative.md has the measurements behind these choices).  Two of
-# llama.cpp's drafters, the first that proposes anything drafting:
-# - map-k4v keeps, per 12-token key, the continuations seen after it, drafts only a dominant
-#   one, and caps a key's next draft at what was accepted of its last: where a passage recurs
-#   (an agent's file after a read and an edit) it drafts, and stops where it is not followed;
-# - simple drafts what followed the latest earlier place of the last 12 tokens, so that text
-#   seen once (a diff quoting the prompt) drafts too.
-# A 12-token key rarely matches by chance in prose, where neither drafts (nothing to verify,
+# N-gram drafting (docs/speculative.md has the measurements behind these choices): llama.cpp's
+# ngram-simple drafts what followed the latest earlier place of the last 12 tokens in the
+# slot's context, up to 48 tokens (a line or two of a re-emitted file or a quoted diff).  A
+# 12-token key rarely matches by chance in prose, where it drafts nothing (nothing to verify,
 # nothing lost); after a rejected draft the key holds the model's own token, so drafting
-# resumes only once 12 tokens match the context again.  48 tokens cover a line or two.
-NGRAM_TYPES = (
-    xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K4V,
-    xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE,
-)
+# resumes only once 12 tokens match the context again.  Not the map drafters (map-k,
+# map-k4v): after a context shift they abort the runner (GGML_ASSERT in ngram-map.cpp).
+NGRAM_TYPE = xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE
 NGRAM_KEY = 12  # tokens that must match an earlier place in the context
 NGRAM_DRAFT = 48  # tokens drafted after the match, at most
-NGRAM_MIN_HITS = 1
 
 
 def configure_ngram(spec: xlc.CommonParamsSpeculative) -> None:
-    """llama.cpp's n-gram drafters: where the last tokens match an earlier place in the
-    slot's context, they draft the tokens that followed them there."""
-    spec.types = list(NGRAM_TYPES)
-    for table in (spec.ngram_map_k4v, spec.ngram_simple):
-        table.size_n = NGRAM_KEY
-        table.size_m = NGRAM_DRAFT
-        table.min_hits = NGRAM_MIN_HITS
+    """llama.cpp's n-gram drafter: where the last tokens match an earlier place in the
+    slot's context, it drafts the tokens that followed them there."""
+    spec.types = [NGRAM_TYPE]
+    spec.ngram_simple.size_n = NGRAM_KEY
+    spec.ngram_simple.size_m = NGRAM_DRAFT
