@@ -189,3 +189,39 @@ def test_drafting_survives_a_context_shift(smollm2_path: Path) -> None:
         assert runner.process.poll() is None  # still running
     finally:
         runner.stop()
+
+
+NATO = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliett kilo lima mike "
+    "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu"
+)
+
+
+async def test_drafts_the_model_refuses_are_never_accepted_and_stay_rare(
+    http: tuple[RunnerHttp, RunnerHttp],
+) -> None:
+    # The passage is in the context, and the answer starts copying it; every token of its
+    # second half is banned (logit bias), so each draft of it must be rejected at its first
+    # token.  Accepted must stay 0 (a verifier that let drafts through would accept them),
+    # and drafting needs 12 fresh tokens matching the context before each try.
+    plain, drafting = http
+    lead = "<|im_start|>user\nSpell the alphabet.<|im_end|>\n<|im_start|>assistant\n"
+    with trio.fail_after(600):
+        lead_ids = (await post(plain, "/tokenize", {"content": lead, "add_special": True}))[
+            "tokens"
+        ]
+        passage = (await post(plain, "/tokenize", {"content": " " + NATO}))["tokens"]
+        half = len(passage) // 2
+        allowed = set(passage[: half + 1])
+        banned = sorted(set(passage[half + 1 :]) - allowed)
+        prompt = [*lead_ids, *passage, *passage[:half]]
+        answer = await greedy(
+            drafting, prompt, ANSWER_TOKENS, logit_bias=[[t, False] for t in banned]
+        )
+    timings = answer["timings"]
+    assert not set(answer["tokens"]) & set(banned)
+    assert timings.get("draft_n", 0) > 0, timings  # the passage was drafted, so it was tried
+    assert timings.get("draft_n_accepted", 0) == 0, timings
+    tries = 1 + timings["predicted_n"] // 12
+    assert timings["draft_n"] <= 48 * tries, timings
+    print(f"drafted {timings['draft_n']}, accepted 0, in {timings['predicted_n']} tokens")
