@@ -12,6 +12,7 @@
     draft_num_predict = 6     # tokens a draft model drafts per step (a request's still wins)
     kv_cache_type = "q8_0"    # both KV cache sides (OLLAMA_KV_CACHE_TYPE) ...
     kv_cache_type_v = "f16"   # ... or one side: kv_cache_type_k, kv_cache_type_v
+    speculative = "ngram"     # default speculative decoding: auto, off, ngram, draft
 
     [models.nomic-embed-text]
     pinned = true             # never evicted, never expires
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import speculative
 from .config import parse_keep_alive
 from .devices import GpuInfo
 from .errors import InvalidRequestError, OllamatrioError
@@ -65,6 +67,7 @@ class ModelSettings:
     kv_cache_type: str | None = None
     kv_cache_type_k: str | None = None
     kv_cache_type_v: str | None = None
+    speculative: str | None = None  # the model's default ``speculative`` option
 
     @property
     def kv_cache_types(self) -> Mapping[str, str | None]:
@@ -222,6 +225,7 @@ def _model_settings(table: Mapping[str, Any]) -> ModelSettings:
         "kv_cache_type": _kv_type,
         "kv_cache_type_k": _kv_type,
         "kv_cache_type_v": _kv_type,
+        "speculative": _speculative,
     }
     values: dict[str, Any] = {}
     for key, value in table.items():
@@ -276,6 +280,14 @@ def _bool(value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"must be true or false, not {_type_name(value)}")
     return value
+
+
+def _speculative(value: object) -> str:
+    try:
+        return speculative.parse_mode(value)
+    except speculative.SpeculativeError:
+        modes = ", ".join(f'"{m}"' for m in speculative.MODES)
+        raise ValueError(f"must be one of {modes}, not {value!r}") from None
 
 
 def _keep_alive(value: object) -> float:

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ollamatrio import speculative
 from ollamatrio.errors import InvalidRequestError
 from ollamatrio.gofmt import format_float, format_value, quote
 from ollamatrio.kv_cache import kv_type_name
@@ -41,6 +42,7 @@ PARAMETER_TYPES: Mapping[str, type] = MappingProxyType(
         "kv_cache_type": str,
         "kv_cache_type_k": str,
         "kv_cache_type_v": str,
+        speculative.OPTION: str,  # ours: auto | off | ngram | draft (docs/speculative.md)
         # per-request sampling options
         "num_keep": int,
         "seed": int,
@@ -241,7 +243,11 @@ def parse_parameter_value(name: str, raw: str) -> int | float | bool | str:
         return raw
     if kind is str:
         try:
+            if name == speculative.OPTION:
+                return speculative.parse_mode(raw)
             return kv_type_name(raw)
+        except speculative.SpeculativeError:
+            raise ModelfileError(f"invalid value '{raw}' for parameter {name}") from None
         except ValueError as exc:
             raise ModelfileError(str(exc)) from None
     if kind is bool:
@@ -409,7 +415,7 @@ class _Builder:
             value = parse_parameter_value(name, raw)
         except ModelfileError as exc:
             raise ModelfileError(exc.message, line) from None
-        if PARAMETER_TYPES[name] is list:  # stop: each line adds one
+        if PARAMETER_TYPES[name] is list:  # a list parameter (stop) comes back one string
             stops = self.parameters.setdefault(name, [])
             assert isinstance(stops, list)
             assert isinstance(value, str)

@@ -56,6 +56,8 @@ class LoadSpec:
     draft_gpu_layers: int = 0
     mtp: bool = False
     draft_num_predict: int = 0
+    # The drafter for speculative decoding (ollamatrio/speculative.py): none | ngram | draft.
+    speculative: str = "none"
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,10 @@ class Chunk:
     prompt_cached_count: int = 0  # tokens of the prompt taken from the cache, not evaluated
     eval_count: int = 0
     eval_duration: int = 0  # ns
+    # Speculative decoding, on the final chunk of a runner that drafts (None: it does not):
+    # tokens the drafter proposed, and how many of them the model accepted.
+    draft_count: int | None = None
+    draft_accepted_count: int | None = None
     context: tuple[int, ...] = ()  # on the final chunk, when the request asked for it
     # On the final chunk: tool calls the model wrote malformed (returned as text instead).
     malformed_tool_calls: int = 0

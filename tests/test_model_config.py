@@ -173,7 +173,7 @@ ERRORS = [
         "[models.m]\nnum_paralel = 2\n",
         "models.m.num_paralel: unknown key (expected one of num_parallel, num_ctx, "
         "keep_alive, pinned, preload, gpus, prompt_cache, draft_num_predict, kv_cache_type, "
-        "kv_cache_type_k, kv_cache_type_v)",
+        "kv_cache_type_k, kv_cache_type_v, speculative)",
     ),
     (
         '[models.m]\nkv_cache_type_v = "q3_k"\n',
@@ -269,6 +269,7 @@ def test_the_example_in_the_docs_parses() -> None:
         gpus=(0, 1),
         prompt_cache=2048,
         draft_num_predict=6,
+        speculative="off",
     )
     assert config.lookup("nomic-embed-text:latest") == ModelSettings(
         pinned=True, preload=True, gpus=()

@@ -280,6 +280,8 @@ def test_timing_counts_are_nanoseconds() -> None:
         "prompt_cached_count": 40,
         "eval_count": 3,
         "eval_duration": 30_250_000,
+        "draft_count": None,  # a runner that drafts nothing reports no draft counts
+        "draft_accepted_count": None,
     }
 
 

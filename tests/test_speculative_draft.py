@@ -199,9 +199,6 @@ def test_mtp_heads_are_found_by_key_or_by_tensor_name() -> None:
         ({}, True, 6, 6),  # the model's TOML value
         ({"draft_num_predict": 2}, True, 6, 2),  # the request's still wins
         ({"draft_num_predict": 0}, True, None, 0),  # off
-        ({"speculative": "off"}, True, None, 0),
-        ({"speculative": "ngram"}, True, None, 0),
-        ({"speculative": "draft"}, True, None, DEFAULT_DRAFT_NUM_PREDICT),
         ({"speculative": "auto", "draft_num_predict": 3}, True, None, 3),
     ],
 )
@@ -215,7 +212,7 @@ def test_another_draft_num_predict_reloads() -> None:
     def load(options: dict[str, Any]) -> Any:
         return resolve_load_options(
             options, default_num_ctx=2048, context_length_configured=False, train_ctx=8192,
-            num_parallel=1, embedding_only=False, has_drafter=True,
+            num_parallel=1, embedding_only=False, has_draft_model=True,
         )  # fmt: skip
 
     assert not needs_reload(load({}), load({"draft_num_predict": 4}))

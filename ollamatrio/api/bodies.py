@@ -15,6 +15,7 @@ import re
 from collections.abc import AsyncIterable, Callable, Mapping
 from typing import Any
 
+from .. import speculative
 from ..config import parse_keep_alive
 from ..devices import cpu_count
 from ..errors import InvalidRequestError, RequestTooLargeError
@@ -33,6 +34,7 @@ MAX_NUM_CTX = 1 << 24
 # Options with their JSON types (docs/api.md, Conventions).  Others are ignored, as Ollama does.
 _INT, _FLOAT, _BOOL, _STRINGS = "integer", "float", "boolean", "array of strings"
 _KV_TYPE = "KV cache type"
+_SPECULATIVE = "speculative mode"  # a string, one of speculative.MODES
 OPTION_TYPES: Mapping[str, str] = {
     # load-time
     "num_ctx": _INT, "num_batch": _INT, "num_gpu": _INT, "main_gpu": _INT,
@@ -46,6 +48,8 @@ OPTION_TYPES: Mapping[str, str] = {
     "ignore_eos": _BOOL,
     # extension, load-time: the KV cache's type, both sides or one (ollamatrio/kv_cache.py)
     "kv_cache_type": _KV_TYPE, "kv_cache_type_k": _KV_TYPE, "kv_cache_type_v": _KV_TYPE,
+    # extension (not in Ollama), load-time: speculative decoding (docs/speculative.md)
+    speculative.OPTION: _SPECULATIVE,
 }  # fmt: skip
 
 
@@ -317,6 +321,11 @@ def check_option(key: str, value: Any, label: str | None = None) -> Any:
             raise InvalidRequestError(
                 f"{label} must be one of {', '.join(KV_CACHE_TYPES)}"
             ) from None
+    if kind == _SPECULATIVE:
+        try:
+            return speculative.parse_mode(value)
+        except speculative.SpeculativeError as exc:
+            raise InvalidRequestError(str(exc)) from None
     if isinstance(value, str):  # a single stop string, as Modelfiles write it
         return [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

@@ -212,6 +212,8 @@ class TimingCounts(TypedDict):
     prompt_cached_count: int
     eval_count: int
     eval_duration: int  # ns
+    draft_count: int | None  # None: the runner drafts nothing
+    draft_accepted_count: int | None
 
 
 def timing_counts(timings: Mapping[str, Any] | None) -> TimingCounts:
@@ -219,16 +221,23 @@ def timing_counts(timings: Mapping[str, Any] | None) -> TimingCounts:
 
     llama.cpp's ``prompt_n`` is only what it evaluated and ``cache_n`` what it reused (from
     the slot or the RAM prompt cache); Ollama's ``prompt_eval_count`` is the whole prompt, so
-    it is their sum, while the duration stays that of the evaluated part."""
+    it is their sum, while the duration stays that of the evaluated part.  A runner loaded
+    with a drafter adds ``draft_n`` (tokens drafted) and ``draft_n_accepted`` (of them, those
+    the model kept); one without reports neither."""
     t = timings or {}
     evaluated = int(t.get("prompt_n", 0) or 0)
     cached = int(t.get("cache_n", 0) or 0)
+    drafted = t.get("draft_n")
     return {
         "prompt_eval_count": evaluated + cached,
         "prompt_eval_duration": round(float(t.get("prompt_ms", 0.0) or 0.0) * 1e6),
         "prompt_cached_count": cached,
         "eval_count": int(t.get("predicted_n", 0) or 0),
         "eval_duration": round(float(t.get("predicted_ms", 0.0) or 0.0) * 1e6),
+        "draft_count": None if drafted is None else int(drafted),
+        "draft_accepted_count": (
+            None if drafted is None else int(t.get("draft_n_accepted", 0) or 0)
+        ),
     }
 
 

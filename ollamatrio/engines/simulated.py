@@ -129,6 +129,24 @@ class ChunkByChunk:
         await self._chunks.aclose()
 
 
+def ngram_drafts(prompt: Sequence[str], answer: Sequence[str]) -> tuple[int, int]:
+    """A simulated n-gram drafter's counts: before each word of the answer, the word that
+    followed the previous one at its latest earlier place in the context is drafted, and
+    accepted where it is the word the answer goes on with."""
+    context = list(prompt)
+    drafted = accepted = 0
+    for word in answer:
+        if context:
+            last = context[-1]
+            for i in range(len(context) - 2, -1, -1):
+                if context[i] == last:
+                    drafted += 1
+                    accepted += context[i + 1] == word
+                    break
+        context.append(word)
+    return drafted, accepted
+
+
 class SimulatedPromptCache:
     """llama.cpp's host prompt cache as far as memory goes: saved states, oldest evicted first
     to stay within the limit; a save that would pass the grant fails as an allocation would
@@ -267,7 +285,8 @@ class SimulatedEngine:
         limit = int(request.options.get("num_predict", -1) or -1)
         n_tokens = b.default_num_predict if limit < 0 else min(limit, 10 * self._spec.num_ctx)
         seed = int.from_bytes(hashlib.blake2b(prompt.encode(), digest_size=4).digest(), "little")
-        self._cached = words
+        self._cached = words  # grows by the answer's words below
+        n_words = len(words)
         for i in range(n_tokens):
             self._check_alive()
             if b.crash_after_tokens is not None and i >= b.crash_after_tokens:
@@ -281,6 +300,11 @@ class SimulatedEngine:
             self._cached.append(word)
             yield Chunk(content=" " + word)
         self.completed_streams += 1
+        drafted, accepted = (
+            ngram_drafts(self._cached[:n_words], self._cached[n_words:])
+            if self._spec.speculative == "ngram"
+            else (None, None)
+        )
         yield Chunk(
             done=True,
             done_reason="length" if limit >= 0 and n_tokens == limit else "stop",
@@ -289,6 +313,8 @@ class SimulatedEngine:
             prompt_cached_count=reused,
             eval_count=n_tokens,
             eval_duration=int(n_tokens / b.tokens_per_second * 1e9),
+            draft_count=drafted,
+            draft_accepted_count=accepted,
         )
 
     async def embed(

@@ -37,6 +37,8 @@ class Timings:
     eval_count: int
     eval_duration: int
     prompt_cached_count: int = 0  # of prompt_eval_count, the tokens reused (not evaluated)
+    draft_count: int | None = None  # speculative decoding: drafted; None: no drafter
+    draft_accepted_count: int | None = None  # of draft_count, the tokens the model kept
 
 
 class Generation:
@@ -81,6 +83,8 @@ class Generation:
             eval_count=chunk.eval_count,
             eval_duration=chunk.eval_duration,
             prompt_cached_count=chunk.prompt_cached_count,
+            draft_count=chunk.draft_count,
+            draft_accepted_count=chunk.draft_accepted_count,
         )
 
 

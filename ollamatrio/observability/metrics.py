@@ -116,6 +116,16 @@ class ServerMetrics:
             "Prompt tokens reused from the runner's slot or prompt cache instead of evaluated",
             ["model"], registry=registry,
         )  # fmt: skip
+        self.draft_tokens = Counter(
+            "ollamatrio_draft_tokens",
+            "Tokens drafted by speculative decoding (final draft_count of each request)",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.draft_tokens_accepted = Counter(
+            "ollamatrio_draft_tokens_accepted",
+            "Drafted tokens the model accepted (final draft_accepted_count of each request)",
+            ["model"], registry=registry,
+        )  # fmt: skip
         self.malformed_tool_calls = Counter(
             "ollamatrio_malformed_tool_calls",
             "Tool calls a model wrote malformed (returned to the client as text instead)",
@@ -175,6 +185,11 @@ class ServerMetrics:
             self.tokens_counted(
                 gen.lease.runner.name, final.prompt_eval_count - cached, final.eval_count, cached
             )
+            if final.draft_count is not None:
+                self.draft_tokens.labels(gen.lease.runner.name).inc(final.draft_count)
+                self.draft_tokens_accepted.labels(gen.lease.runner.name).inc(
+                    final.draft_accepted_count or 0
+                )
             if final.malformed_tool_calls:
                 self.malformed_tool_calls.labels(gen.lease.runner.name).inc(
                     final.malformed_tool_calls

@@ -99,9 +99,31 @@ def build_params(config: RunnerConfig, plan: LoadPlan) -> xlc.CommonParams:
         p.mmproj_use_gpu = plan.n_gpu_layers != 0
     if spec.chat_template:
         p.chat_template = spec.chat_template
+    if spec.speculative == "ngram" and not plan.embedding:
+        configure_ngram(p.speculative)
     if spec.draft_num_predict > 0 and (spec.draft_model or spec.mtp):
         draft_by_model(p, config, threads)
     return p
+
+
+# N-gram drafting (docs/speculative.md has the measurements behind these choices): llama.cpp's
+# ngram-simple drafts what followed the latest earlier place of the last 12 tokens in the
+# slot's context, up to 48 tokens (a line or two of a re-emitted file or a quoted diff).  A
+# 12-token key rarely matches by chance in prose, where it drafts nothing (nothing to verify,
+# nothing lost); after a rejected draft the key holds the model's own token, so drafting
+# resumes only once 12 tokens match the context again.  Not the map drafters (map-k,
+# map-k4v): after a context shift they abort the runner (GGML_ASSERT in ngram-map.cpp).
+NGRAM_TYPE = xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE
+NGRAM_KEY = 12  # tokens that must match an earlier place in the context
+NGRAM_DRAFT = 48  # tokens drafted after the match, at most
+
+
+def configure_ngram(spec: xlc.CommonParamsSpeculative) -> None:
+    """llama.cpp's n-gram drafter: where the last tokens match an earlier place in the
+    slot's context, it drafts the tokens that followed them there."""
+    spec.types = [NGRAM_TYPE]
+    spec.ngram_simple.size_n = NGRAM_KEY
+    spec.ngram_simple.size_m = NGRAM_DRAFT
 
 
 def draft_by_model(p: xlc.CommonParams, config: RunnerConfig, threads: int) -> None:

@@ -1,8 +1,9 @@
 """Load-time options: what a request asks of a runner, and when a loaded runner won't do.
 
 Only load-time options matter here (Ollama B26: num_ctx, num_batch, num_gpu, main_gpu,
-use_mmap, num_thread, draft_num_predict); sampling options never cause a reload.  Whether
-the runner computes embeddings is a load-time choice too (llama.cpp's ``embedding`` flag): a
+use_mmap, num_thread, draft_num_predict; ours: speculative, the KV cache's types); sampling
+options never cause a reload.  Whether the runner computes embeddings is a load-time choice
+too (llama.cpp's ``embedding`` flag): a
 runner loaded with it also generates, so it serves every request for its model file.
 
 Bn codes in this module name Ollama's behaviours, each defined in docs/behaviours.md.
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import speculative
 from ..errors import InvalidRequestError
 from ..kv_cache import DEFAULT as DEFAULT_KV_TYPE
 from ..kv_cache import KEYS as KV_KEYS
@@ -49,6 +51,7 @@ class LoadOptions:
     # As asked (a request's options, the model's config, the server's); the runner may
     # still fall back to f16 for a side this model cannot use (kv_cache.py).
     kv_cache_types: KvCacheTypes = field(default_factory=KvCacheTypes)
+    drafter: speculative.Drafter = "none"  # speculative decoding's drafter (speculative.py)
 
 
 def _int_option(options: Mapping[str, Any], key: str) -> int | None:
@@ -74,19 +77,16 @@ def _bool_option(options: Mapping[str, Any], key: str) -> bool | None:
 
 #: Ollama's default ``draft_num_predict`` for a model with a drafter (``api.DefaultOptions``).
 DEFAULT_DRAFT_NUM_PREDICT = 4
-#: ``speculative`` values that let a draft model or MTP heads draft (the option's own
-#: parsing and default, "auto", belong to the n-gram drafting code).
-_MODEL_DRAFTING = (None, "auto", "draft")
 
 
 def draft_num_predict(
     options: Mapping[str, Any], *, has_drafter: bool, configured: int | None = None
 ) -> int:
     """Ollama's rule: ``draft_num_predict`` (request, model parameter, else ``configured``,
-    the model's TOML value, else 4) where the model has a drafter, else 0; and 0 when the
-    ``speculative`` option says "off" or "ngram"."""
+    the model's TOML value, else 4) where the runner drafts by a model (a draft model or
+    MTP heads, as the ``speculative`` option chose), else 0."""
     requested = _int_option(options, "draft_num_predict")
-    if not has_drafter or options.get("speculative") not in _MODEL_DRAFTING:
+    if not has_drafter:
         return 0
     if requested is None:
         requested = configured if configured is not None else DEFAULT_DRAFT_NUM_PREDICT
@@ -117,17 +117,20 @@ def resolve_load_options(
     architecture: str = "",
     has_projector: bool = False,
     shift: bool | None = None,
-    has_drafter: bool = False,
+    has_draft_model: bool = False,
     configured_draft_num_predict: int | None = None,
     kv_cache_types: KvCacheTypes | None = None,
+    speculative_default: str | None = None,
 ) -> LoadOptions:
     """Turn merged request options into what the runner is loaded with (B1, B13, B14, B16, B37).
 
     ``embedding_only``: the model cannot generate (one slot, B13); ``embeddings``: the
     request needs embeddings, so the runner is loaded in embedding mode (always so for an
-    embedding-only model); ``has_drafter``: the model has a draft model or MTP heads;
+    embedding-only model); ``has_draft_model``: the model has a draft model or MTP heads;
     ``kv_cache_types``: the model's configured (else the server's) KV cache types, which the
-    options' ``kv_cache_type``, ``_k`` and ``_v`` override."""
+    options' ``kv_cache_type``, ``_k`` and ``_v`` override; ``speculative_default``: the
+    model's configured ``speculative`` (the TOML model config), which the options' own
+    value overrides."""
     embeddings = embeddings or embedding_only
     requested_ctx = _int_option(options, "num_ctx")
     num_ctx_auto = requested_ctx is None and not context_length_configured
@@ -159,6 +162,14 @@ def resolve_load_options(
                                                       "kv_cache_type_v": configured.v}],
         DEFAULT_KV_TYPE,
     )  # fmt: skip
+    drafter = _drafter(
+        options.get(speculative.OPTION, speculative_default), has_draft_model, embeddings
+    )
+    drafted = draft_num_predict(
+        options, has_drafter=drafter == "draft", configured=configured_draft_num_predict
+    )
+    if drafter == "draft" and drafted == 0:
+        drafter = "none"  # draft_num_predict 0 turns the draft model off
     return LoadOptions(
         num_ctx=num_ctx,
         num_ctx_auto=num_ctx_auto,
@@ -171,11 +182,21 @@ def resolve_load_options(
         num_parallel=slots,
         context_shift=shift if shift is not None else architecture != "deepseek2",
         embeddings=embeddings,
-        draft_num_predict=draft_num_predict(
-            options, has_drafter=has_drafter, configured=configured_draft_num_predict
-        ),
+        draft_num_predict=drafted,
         kv_cache_types=kv_types,
+        drafter=drafter,
     )
+
+
+def _drafter(value: Any, has_draft_model: bool, embeddings: bool) -> speculative.Drafter:
+    """The drafter the ``speculative`` option asks for.  A runner in embedding mode drafts
+    nothing: llama.cpp gives it one output per batch, so a draft could not be verified."""
+    try:
+        mode = speculative.DEFAULT if value is None else speculative.parse_mode(value)
+        drafter = speculative.drafter_for(mode, has_draft_model=has_draft_model)
+    except speculative.SpeculativeError as exc:
+        raise InvalidRequestError(str(exc)) from None
+    return "none" if embeddings else drafter
 
 
 def needs_reload(loaded: LoadOptions, wanted: LoadOptions) -> bool:
@@ -205,5 +226,9 @@ def needs_reload(loaded: LoadOptions, wanted: LoadOptions) -> bool:
     if wanted.draft_num_predict != loaded.draft_num_predict:
         return True  # B26: llama.cpp's --spec-draft-n-max is set at load
     if wanted.kv_cache_types != loaded.kv_cache_types:
+        return True
+    if wanted.drafter != loaded.drafter and not (wanted.embeddings or loaded.embeddings):
+        # llama.cpp takes its drafter at load only.  A runner in embedding mode drafts
+        # nothing and still serves generation (no reload back and forth between the two).
         return True
     return wanted.num_parallel != loaded.num_parallel

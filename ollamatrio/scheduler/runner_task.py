@@ -121,6 +121,7 @@ class RunnerTasks:
             draft_gpu_layers=-1 if placement.draft_on_gpu else 0,
             mtp=load.draft_num_predict > 0 and request.draft is None,
             draft_num_predict=load.draft_num_predict,
+            speculative=load.drafter,
         )
         runner = Runner(
             key=request.key,

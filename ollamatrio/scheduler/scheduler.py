@@ -390,11 +390,12 @@ class Scheduler:
             architecture=info.architecture,
             has_projector=request.projector is not None,
             shift=request.shift,
-            has_drafter=request.draft is not None or has_mtp_heads(info),
+            has_draft_model=request.draft is not None or has_mtp_heads(info),
             configured_draft_num_predict=configured.draft_num_predict,
             kv_cache_types=requested_kv_types(
                 [configured.kv_cache_types], self.settings.kv_cache_type
             ),
+            speculative_default=configured.speculative,
         )
 
     def _expire_idle_runners(self) -> None:

@@ -181,8 +181,10 @@ def embeddings_request(body: Mapping[str, Any]) -> EmbedRequest:
 def timings(t: Timings) -> dict[str, int]:
     """The counts and durations of a final object, in Ollama's order, then ours:
     ``prompt_cached_count``, the part of ``prompt_eval_count`` reused from the runner's
-    cache (``prompt_eval_duration`` covers only the rest)."""
-    return {
+    cache (``prompt_eval_duration`` covers only the rest); and from a runner that drafts
+    (speculative decoding), ``draft_count`` tokens drafted and ``draft_accepted_count`` of
+    them kept by the model."""
+    out = {
         "total_duration": t.total_duration,
         "load_duration": t.load_duration,
         "prompt_eval_count": t.prompt_eval_count,
@@ -191,6 +193,10 @@ def timings(t: Timings) -> dict[str, int]:
         "eval_duration": t.eval_duration,
         "prompt_cached_count": t.prompt_cached_count,
     }
+    if t.draft_count is not None:
+        out["draft_count"] = t.draft_count
+        out["draft_accepted_count"] = t.draft_accepted_count or 0
+    return out
 
 
 def _final(answer: Answer) -> dict[str, Any]:

@@ -22,7 +22,10 @@ def _sse(obj: Any) -> bytes:
 
 
 def _usage(chunk: Chunk) -> dict[str, Any]:
-    return oai.usage_counts(chunk.prompt_eval_count, chunk.eval_count, chunk.prompt_cached_count)
+    return oai.usage_counts(
+        chunk.prompt_eval_count, chunk.eval_count, chunk.prompt_cached_count,
+        chunk.draft_count, chunk.draft_accepted_count,
+    )  # fmt: skip
 
 
 class _Events:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from ... import speculative
 from ...errors import InvalidRequestError
 from ...generation.answer import Answer
 from ...generation.relay import Timings
@@ -191,7 +192,7 @@ def sampling_options(body: Mapping[str, Any]) -> dict[str, Any]:
     if extra is not None and not isinstance(extra, dict):
         raise InvalidRequestError("invalid value for 'options': expected an object")
     options: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, **(extra or {})}
-    for key in _SAMPLING_FIELDS:
+    for key in (*_SAMPLING_FIELDS, speculative.OPTION):  # ours too, as an extra field
         if body.get(key) is not None:
             options[key] = check_option(key, body[key], key)
     for key in ("max_completion_tokens", "max_tokens"):
@@ -417,18 +418,36 @@ def new_id(prefix: str) -> str:
 
 def usage(timings: Timings) -> dict[str, Any]:
     """The token counts of a finished generation."""
-    return usage_counts(timings.prompt_eval_count, timings.eval_count, timings.prompt_cached_count)
+    return usage_counts(
+        timings.prompt_eval_count, timings.eval_count, timings.prompt_cached_count,
+        timings.draft_count, timings.draft_accepted_count,
+    )  # fmt: skip
 
 
-def usage_counts(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+def usage_counts(
+    prompt: int,
+    completion: int,
+    cached: int,
+    drafted: int | None = None,
+    accepted: int | None = None,
+) -> dict[str, Any]:
     """OpenAI's usage: ``prompt_tokens`` is the whole prompt, the part reused from the
-    runner's cache in ``prompt_tokens_details.cached_tokens``."""
-    return {
+    runner's cache in ``prompt_tokens_details.cached_tokens``.  From a runner that drafts
+    (speculative decoding), ``completion_tokens_details`` adds ours: ``draft_count`` tokens
+    drafted and ``draft_accepted_count`` of them kept (the kept ones are among
+    ``completion_tokens``; the others cost a verification, not a token of the answer)."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    if drafted is not None:
+        out["completion_tokens_details"] = {
+            "draft_count": drafted,
+            "draft_accepted_count": accepted or 0,
+        }
+    return out
 
 
 def openai_tool_calls(
