@@ -3,9 +3,10 @@ against a real server (simulated engine) and a fake registry on 127.0.0.1."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,31 @@ if TYPE_CHECKING:
 
 TinyGGUF = Callable[..., Path]
 REPO = "library/mine:latest"
+TRANSFER_LOG = "ollamatrio.store.transfer"
+
+
+class LogSeen(logging.Handler):
+    """Sets ``event`` when a record holding ``text`` is logged (in the server's Trio run)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.INFO)
+        self.text = text
+        self.event = trio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+@pytest.fixture
+def push_stopped(caplog: pytest.LogCaptureFixture) -> Iterator[trio.Event]:
+    """Set when the server logs that a push stopped because its client went."""
+    caplog.set_level(logging.INFO, logger=TRANSFER_LOG)
+    seen = LogSeen("stopped: nobody is listening")
+    logger = logging.getLogger(TRANSFER_LOG)
+    logger.addHandler(seen)
+    yield seen.event
+    logger.removeHandler(seen)
 
 
 @pytest.fixture
@@ -52,7 +78,11 @@ async def test_push_prints_a_line_per_layer_then_where_the_model_is(
 
 
 async def test_an_interrupted_push_resumes_where_the_registry_stands(
-    api_server: ServerFactory, registry: FakeRegistry, tiny_gguf: TinyGGUF, nursery: trio.Nursery
+    api_server: ServerFactory,
+    registry: FakeRegistry,
+    tiny_gguf: TinyGGUF,
+    nursery: trio.Nursery,
+    push_stopped: trio.Event,
 ) -> None:
     name = registry.model_name(REPO)
     stall = registry.upload_stall = Stall(after=200_000, seconds=600)  # then the network hangs
@@ -73,6 +103,9 @@ async def test_an_interrupted_push_resumes_where_the_registry_stands(
             await stall.began.wait()
             first.send_signal(signal.SIGINT)  # the user gives up: Ctrl-C
             assert await first.wait() != 0
+            # The server stops the push at its next progress update (a heartbeat away),
+            # leaving the upload's location for the next push: wait for that.
+            await push_stopped.wait()
         assert REPO not in registry.manifests  # nothing half-pushed is ever published
         second = await cli(srv.url, "push", "--insecure", name)
     assert second.returncode == 0, second.stderr
