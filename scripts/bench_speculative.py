@@ -149,7 +149,7 @@ async def ask(client: httpx.AsyncClient, scenario: str, mode: str | None, n: int
     r = await client.post("/api/chat", json=body, timeout=600)
     r.raise_for_status()
     final = r.json()
-    tokens, duration = final["eval_count"], final["eval_duration"]
+    tokens, duration = final.get("eval_count", 0), final.get("eval_duration", 0)
     rate = tokens / (duration / 1e9) if duration else 0.0
     return Sample(rate, tokens, final.get("draft_count"), final.get("draft_accepted_count"))
 
@@ -162,6 +162,10 @@ async def run_rounds(
             label = "warm-up" if number == 0 else f"round {number} of {args.rounds}"
             print(f"{results.server}: {label}", flush=True)
             for mode in modes:
+                # A mode other than the last one's reloads the runner: one short request
+                # first, so the load (and the old runner's exit, which the core share reads
+                # as cores busy elsewhere for a second) falls on no measured request.
+                await ask(client, args.scenarios[0], mode, 1)
                 for scenario in args.scenarios:
                     sample = await ask(client, scenario, mode, args.num_predict)
                     if number:
