@@ -68,7 +68,7 @@ async def test_the_model_filter_and_keep_alive_pings(
 ) -> None:
     # Real sockets and threads: the clock jumps only after a real pause long enough that a
     # loaded machine's slow I/O is not taken for idleness (a jump past fail_after's 600 s).
-    autojump_clock.autojump_threshold = 0.25
+    autojump_clock.autojump_threshold = 0.1
     seen: list[dict[str, Any]] = []
     with trio.fail_after(600):
         async with api_server() as srv, httpx.AsyncClient(base_url=srv.url, timeout=None) as c:

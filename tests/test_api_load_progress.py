@@ -28,7 +28,7 @@ def progress(lines: list[dict[str, Any]]) -> list[tuple[int, int]]:
 async def test_a_stream_that_waits_for_a_load_gets_progress_lines_first(
     autojump_clock, api_server
 ) -> None:
-    autojump_clock.autojump_threshold = 0.03
+    autojump_clock.autojump_threshold = 0.1
     body = {"model": "tiny", "prompt": "x", "options": {"num_predict": 3}}
     with trio.fail_after(600):
         async with api_server(behaviour=SLOW_LOAD) as srv:
@@ -54,7 +54,7 @@ async def test_a_stream_that_waits_for_a_load_gets_progress_lines_first(
 async def test_chat_progress_lines_carry_an_empty_assistant_message(
     autojump_clock, api_server
 ) -> None:
-    autojump_clock.autojump_threshold = 0.03
+    autojump_clock.autojump_threshold = 0.1
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
     with trio.fail_after(600):
         async with api_server(behaviour=SLOW_LOAD) as srv:
@@ -70,7 +70,7 @@ async def test_chat_progress_lines_carry_an_empty_assistant_message(
 async def test_the_ollama_client_parses_a_stream_with_progress_lines(
     autojump_clock, api_server
 ) -> None:
-    autojump_clock.autojump_threshold = 0.03
+    autojump_clock.autojump_threshold = 0.1
     with trio.fail_after(600):
         async with api_server(behaviour=SLOW_LOAD) as srv, ollama.AsyncClient(host=srv.url) as c:
             parts = [p async for p in await c.generate("tiny", "x", stream=True)]
@@ -94,7 +94,7 @@ async def test_the_ollama_client_parses_a_stream_with_progress_lines(
 async def test_openai_streams_and_unstreamed_answers_get_no_progress(
     autojump_clock, api_server
 ) -> None:
-    autojump_clock.autojump_threshold = 0.03
+    autojump_clock.autojump_threshold = 0.1
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     with trio.fail_after(600):
         async with api_server(behaviour=SLOW_LOAD) as srv:
@@ -115,7 +115,7 @@ async def test_openai_streams_and_unstreamed_answers_get_no_progress(
 async def test_a_load_that_fails_after_the_stream_started_ends_it_with_an_error_line(
     autojump_clock, api_server
 ) -> None:
-    autojump_clock.autojump_threshold = 0.03
+    autojump_clock.autojump_threshold = 0.1
     failing = SimulatedBehaviour(load_seconds=2, fail_load="error")
     with trio.fail_after(600):
         async with api_server(behaviour=failing) as srv:

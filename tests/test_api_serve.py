@@ -57,7 +57,7 @@ async def test_stream_longer_than_a_minute(autojump_clock: trio.abc.Clock, api_s
     60 s response timeout put back: generation routes do not go through Quart's response
     machinery, so nothing cuts a long stream.  The clock jumps only after 30 ms of real
     idleness, so socket and worker-thread work always finishes before virtual time moves."""
-    autojump_clock.autojump_threshold = 0.03  # type: ignore[attr-defined]
+    autojump_clock.autojump_threshold = 0.1  # type: ignore[attr-defined]
     behaviour = SimulatedBehaviour(load_seconds=1, tokens_per_second=0.5)
     lines: list[dict] = []
     with trio.fail_after(1000):
@@ -259,7 +259,7 @@ async def test_shutdown_tells_cut_streams_and_queued_requests_why(
     """SIGTERM's drain: two long streams (native NDJSON, /v1 SSE) and two requests queued
     for a slot are still running when the 10 s grace period ends.  The streams end with an
     error line, the queued requests get 503, then the server stops."""
-    autojump_clock.autojump_threshold = 0.03  # type: ignore[attr-defined]
+    autojump_clock.autojump_threshold = 0.1  # type: ignore[attr-defined]
     settings = Settings(host="127.0.0.1", port=0, models_dir=tmp_path / "models", num_parallel=2)
     import_model(ModelStore(settings.models_dir), "tiny", tiny_gguf())
     engines, devices = _engines(SimulatedBehaviour(load_seconds=0.01, tokens_per_second=1))

@@ -417,7 +417,7 @@ async def test_bad_json_and_connection_close(api_server) -> None:
 async def test_an_idle_connection_closes_after_the_keep_alive_timeout(
     autojump_clock: trio.abc.Clock, api_server
 ) -> None:
-    autojump_clock.autojump_threshold = 0.03  # type: ignore[attr-defined]
+    autojump_clock.autojump_threshold = 0.1  # type: ignore[attr-defined]
     with trio.fail_after(100):
         async with api_server() as srv:
             client = await Client.open(srv.url)

@@ -171,8 +171,8 @@ async def test_prose_drafts_little(http: tuple[RunnerHttp, RunnerHttp]) -> None:
 
 
 def test_drafting_survives_a_context_shift(smollm2_path: Path) -> None:
-    # Context shift is on by default (Ollama's B27); llama.cpp's map drafters abort the runner
-    # after one, so the drafter chosen must not.
+    # Context shift is on by default (Ollama's B27, docs/behaviours.md); llama.cpp's map
+    # drafters abort the runner after one, so the drafter chosen must not.
     spec = LoadSpec(model_path=str(smollm2_path), name="smollm2", num_ctx=128, speculative="ngram")
     runner = start_raw_runner(spec)
     try:
