@@ -227,16 +227,23 @@ def copy(client: Client, source: str, destination: str, out: TextIO = sys.stdout
 def pull(client: Client, model: str, *, insecure: bool = False, err: TextIO | None = None) -> None:
     """``ollama pull`` with a bar per layer, drawn from ``/api/pull``'s progress events."""
     progress = Progress(err or sys.stderr)
-    renderer = StatusRenderer(progress)
     try:
-        body: dict[str, Any] = {"model": model}
-        if insecure:
-            body["insecure"] = True
-        with client.stream("/api/pull", body) as events:
-            for event in events:
-                renderer.feed(event)
+        _draw_transfer(client, "/api/pull", model, insecure, progress)
     finally:
         progress.stop()
+
+
+def _draw_transfer(
+    client: Client, path: str, model: str, insecure: bool, progress: Progress
+) -> None:
+    """A pull's or push's progress events drawn as a bar per layer."""
+    renderer = StatusRenderer(progress)
+    body: dict[str, Any] = {"model": model}
+    if insecure:
+        body["insecure"] = True
+    with client.stream(path, body) as events:
+        for event in events:
+            renderer.feed(event)
 
 
 # --- push ------------------------------------------------------------------------------
@@ -259,14 +266,8 @@ def push(
     from ollamatrio.store.names import parse_name  # only this command needs the store's
 
     progress = Progress(err or sys.stderr)
-    renderer = StatusRenderer(progress)
     try:
-        body: dict[str, Any] = {"model": model}
-        if insecure:
-            body["insecure"] = True
-        with client.stream("/api/push", body) as events:
-            for event in events:
-                renderer.feed(event)
+        _draw_transfer(client, "/api/push", model, insecure, progress)
     except ServerError as exc:
         reason = str(exc).lower()
         if "access denied" in reason or "unauthorized" in reason:
